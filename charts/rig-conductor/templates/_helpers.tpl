@@ -1,0 +1,225 @@
+{{/*
+Chart name, truncated to the 63 characters a DNS label allows.
+*/}}
+{{- define "rig-conductor.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name. A release whose name already contains the chart name
+is used as is.
+*/}}
+{{- define "rig-conductor.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rig-conductor.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Selector labels without the component: name and instance.
+*/}}
+{{- define "rig-conductor.baseSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "rig-conductor.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Selector labels of the conductor pods. They never change for the life of a
+release.
+*/}}
+{{- define "rig-conductor.selectorLabels" -}}
+{{ include "rig-conductor.baseSelectorLabels" . }}
+app.kubernetes.io/component: {{ .Values.component }}
+{{- end }}
+
+{{/*
+Standard labels without the component, for objects that carry their own
+(the migration Job, the test Pod).
+*/}}
+{{- define "rig-conductor.baseLabels" -}}
+helm.sh/chart: {{ include "rig-conductor.chart" . }}
+{{ include "rig-conductor.baseSelectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: {{ .Values.partOf }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Standard labels for the objects of the conductor itself.
+*/}}
+{{- define "rig-conductor.labels" -}}
+{{ include "rig-conductor.baseLabels" . }}
+app.kubernetes.io/component: {{ .Values.component }}
+{{- end }}
+
+{{- define "rig-conductor.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rig-conductor.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "rig-conductor.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.image.digest -}}
+{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ .Values.image.repository }}:{{ $tag }}
+{{- end -}}
+{{- end }}
+
+{{/*
+Namespace where the agent pods live (RIG_K8S_NAMESPACE).
+*/}}
+{{- define "rig-conductor.k8sNamespace" -}}
+{{- default .Release.Namespace .Values.config.k8sNamespace }}
+{{- end }}
+
+{{/*
+True when the Kubernetes pod watch may be on (RIG_K8S_ENABLED is not "false").
+*/}}
+{{- define "rig-conductor.k8sWatch" -}}
+{{- if ne (toString .Values.config.k8sEnabled) "false" }}true{{ end }}
+{{- end }}
+
+{{/*
+A comma list from either a string or a list of strings.
+*/}}
+{{- define "rig-conductor.commaList" -}}
+{{- if kindIs "slice" . }}{{ join "," . }}{{ else }}{{ toString . }}{{ end }}
+{{- end }}
+
+{{/*
+Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL and RIG_API_TOKENS.
+*/}}
+{{- define "rig-conductor.secretName" -}}
+{{- if .Values.secrets.existingSecret }}
+{{- .Values.secrets.existingSecret }}
+{{- else }}
+{{- include "rig-conductor.fullname" . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The secret settings, as (env name, key in the Secret, optional). With
+existingSecret the keys come from secrets.existingSecretKeys; the chart's own
+Secret uses the variable names as keys and only holds the values that are set.
+*/}}
+{{- define "rig-conductor.secretEnvItems" -}}
+{{- $items := list }}
+{{- $s := .Values.secrets }}
+{{- if $s.existingSecret }}
+{{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" $s.existingSecretKeys.databaseUrl "optional" false) }}
+{{- $items = append $items (dict "env" "RIG_REDIS_URL" "key" $s.existingSecretKeys.redisUrl "optional" false) }}
+{{- if $s.existingSecretKeys.apiTokens }}
+{{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" $s.existingSecretKeys.apiTokens "optional" true) }}
+{{- end }}
+{{- else }}
+{{- if $s.databaseUrl }}
+{{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" "RIG_DATABASE_URL" "optional" false) }}
+{{- end }}
+{{- if $s.redisUrl }}
+{{- $items = append $items (dict "env" "RIG_REDIS_URL" "key" "RIG_REDIS_URL" "optional" false) }}
+{{- end }}
+{{- if $s.apiTokens }}
+{{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" "RIG_API_TOKENS" "optional" false) }}
+{{- end }}
+{{- end }}
+{{- toJson $items }}
+{{- end }}
+
+{{/*
+True when the chart renders its own Secret.
+*/}}
+{{- define "rig-conductor.createSecret" -}}
+{{- $s := .Values.secrets }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens) }}true{{ end }}
+{{- end }}
+
+{{/*
+Data of the chart's own Secret (shared by the release Secret and the
+migration hook's Secret).
+*/}}
+{{- define "rig-conductor.secretData" -}}
+{{- $s := .Values.secrets }}
+{{- if $s.databaseUrl }}
+RIG_DATABASE_URL: {{ $s.databaseUrl | b64enc | quote }}
+{{- end }}
+{{- if $s.redisUrl }}
+RIG_REDIS_URL: {{ $s.redisUrl | b64enc | quote }}
+{{- end }}
+{{- if $s.apiTokens }}
+RIG_API_TOKENS: {{ $s.apiTokens | b64enc | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment of the conductor container: every non-secret RIG_* setting from
+values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
+*/}}
+{{- define "rig-conductor.env" -}}
+{{- $root := .root }}
+{{- $c := $root.Values.config -}}
+- name: RIG_HTTP_HOST
+  value: {{ $c.httpHost | quote }}
+- name: RIG_HTTP_PORT
+  value: {{ $c.httpPort | int64 | quote }}
+- name: RIG_DISPATCH_STREAM
+  value: {{ $c.dispatchStream | quote }}
+- name: RIG_STREAMS
+  value: {{ include "rig-conductor.commaList" $c.streams | quote }}
+- name: RIG_AGENT_IDS
+  value: {{ include "rig-conductor.commaList" $c.agentIds | quote }}
+- name: RIG_ENTRY_STALE_MS
+  value: {{ $c.entryStaleMs | int64 | quote }}
+- name: RIG_AGENT_DOWN_MS
+  value: {{ $c.agentDownMs | int64 | quote }}
+- name: RIG_SCAN_INTERVAL_S
+  value: {{ $c.scanIntervalS | toString | quote }}
+- name: RIG_STARTUP_DELAY_S
+  value: {{ $c.startupDelayS | toString | quote }}
+- name: RIG_MAX_DELIVERIES
+  value: {{ $c.maxDeliveries | int64 | quote }}
+- name: RIG_DRY_RUN
+  value: {{ $c.dryRun | toString | quote }}
+- name: RIG_K8S_ENABLED
+  value: {{ $c.k8sEnabled | toString | quote }}
+- name: RIG_K8S_NAMESPACE
+  value: {{ include "rig-conductor.k8sNamespace" $root | quote }}
+- name: RIG_K8S_LABEL_SELECTOR
+  value: {{ $c.k8sLabelSelector | quote }}
+- name: RIG_LOG_FORMAT
+  value: {{ $c.logFormat | quote }}
+- name: RIG_TENANT
+  value: {{ $c.tenant | quote }}
+- name: RIG_EVENT_RETENTION_DAYS
+  value: {{ $c.eventRetentionDays | int64 | quote }}
+{{- range (include "rig-conductor.secretEnvItems" $root | fromJsonArray) }}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $.secretName }}
+      key: {{ .key }}
+      {{- if .optional }}
+      optional: true
+      {{- end }}
+{{- end }}
+{{- with $root.Values.extraEnv }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}

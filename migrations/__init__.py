@@ -1,0 +1,1 @@
+"""Alembic migration scripts, installed as rig_conductor._migrations."""

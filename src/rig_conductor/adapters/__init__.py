@@ -1,0 +1,1 @@
+"""Thin I/O adapters: they fetch and apply, returning domain objects; they decide nothing."""

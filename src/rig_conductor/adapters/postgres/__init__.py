@@ -1,0 +1,1 @@
+"""PostgreSQL storage: heartbeats, the event log, schema migrations."""

@@ -1,0 +1,67 @@
+"""Table definitions (SQLAlchemy Core). The Alembic migrations in migrations/ create them.
+
+Times are `timestamptz` stamped by PostgreSQL's own clock, the one clock every replica shares.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData()
+
+agent_heartbeats = Table(
+    "agent_heartbeats",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("agent_id", Text, primary_key=True),
+    Column("last_heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("degraded", Boolean, nullable=False, server_default=text("false")),
+    Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+consumer_heartbeats = Table(
+    "consumer_heartbeats",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("consumer", Text, primary_key=True),
+    Column("agent_id", Text, nullable=False),
+    Column("last_heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("degraded", Boolean, nullable=False, server_default=text("false")),
+    Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Append-only: every heartbeat, dispatch, reclaim and dead letter. The audit reads it.
+events = Table(
+    "events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("occurred_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("kind", Text, nullable=False),
+    Column("agent_id", Text),
+    Column("consumer", Text),
+    Column("stream", Text),
+    Column("group_name", Text),
+    Column("entry_id", Text),
+    Column("issue_id", Text),
+    Column("attempt", Integer),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Index("ix_events_occurred_at", "occurred_at"),
+    Index("ix_events_stream_entry", "stream", "entry_id"),
+    Index("ix_events_issue", "issue_id"),
+)

