@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from rig_conductor import __version__, logs
@@ -50,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
+    serve = sub.add_parser("serve", help="HTTP API and the scheduled reaper")
+    serve.set_defaults(command=_serve)
+
     migrate = sub.add_parser("migrate", help="upgrade the database schema to head (idempotent)")
     migrate.set_defaults(command=_migrate)
 
@@ -65,8 +70,69 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="end-to-end demo on embedded Redis and PostgreSQL")
     demo.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds")
+    demo.add_argument(
+        "--keep-running", action="store_true", help="keep the conductor serving after the story"
+    )
     demo.set_defaults(command=_demo)
     return parser
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from rig_conductor.api.app import create_app
+
+    if (problem := _schema_problem(settings)) is not None:
+        logger.error("%s", problem)
+        return EXIT_USAGE
+    logger.info(
+        "rig-conductor %s, effective configuration: %s",
+        __version__,
+        json.dumps(settings.describe(), default=str),
+    )
+    if settings.dry_run:
+        logger.warning(
+            "DRY RUN: the reaper logs and counts its decisions and changes nothing in Redis"
+        )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.http_host,
+        port=settings.http_port,
+        log_config=None,  # keep our dictConfig (text or JSON) for uvicorn's records too
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    server = _server_class()(config)
+    try:
+        server.run()
+    except SystemExit as exc:  # uvicorn exits on a port it cannot bind
+        return int(exc.code or EXIT_FAILED)
+    return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _server_class() -> type:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, minus re-raising SIGTERM/SIGINT after the graceful shutdown.
+
+        uvicorn re-sends the signal it caught once it has shut down, which ends the process
+        "killed by SIGTERM"; the contract wants `serve` to exit 0 after a graceful shutdown.
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            previous = {
+                sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+            }
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+    return Server
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
@@ -161,7 +227,9 @@ def _schema_problem(settings: Settings) -> str | None:
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from rig_conductor import demo
 
-    return demo.run(timeout_s=args.timeout, log_format=settings.log_format)
+    return demo.run(
+        timeout_s=args.timeout, log_format=settings.log_format, keep_running=args.keep_running
+    )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,9 +1,10 @@
 """`rig-conductor demo`: the whole story on embedded Redis and PostgreSQL, in under a minute.
 
-Two simulated agents read `rig:dispatch` in one consumer group. `builder-b` takes four issues
-and dies without acking them; `builder-a` keeps heartbeating and working. The reaper, on short
-demo thresholds, sees builder-b go silent, reclaims its entries to builder-a, and builder-a
-finishes them. Runs until every issue is done (or the timeout).
+The conductor runs for real: the HTTP API under uvicorn with its scheduled reaper. Six issues
+are dispatched through `POST /api/events`. Two simulated agents read `rig:dispatch` in one
+consumer group and heartbeat over HTTP. `builder-b` takes four issues and dies without acking
+them; `builder-a` keeps working. On short demo thresholds the reaper sees builder-b go silent,
+reclaims its entries to builder-a, and builder-a finishes them.
 """
 
 from __future__ import annotations
@@ -12,36 +13,37 @@ import asyncio
 import contextlib
 import json
 import logging
-from datetime import UTC, datetime
+import socket
 from typing import Any
 
+import httpx
+import uvicorn
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import engine as pg
-from rig_conductor.adapters.postgres import migrations, queries
-from rig_conductor.domain import AgentId, ConsumerName, StreamKey
+from rig_conductor.adapters.postgres import migrations
+from rig_conductor.api.app import create_app
 from rig_conductor.embedded import EmbeddedUnavailable, embedded_services
-from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-STREAM = StreamKey("rig:dispatch")
+STREAM = "rig:dispatch"
 GROUP = "builders"
-LIVE = (AgentId("builder-a"), ConsumerName("builder-a-rig-agent-runtime-0"))
-DOOMED = (AgentId("builder-b"), ConsumerName("builder-b-rig-agent-runtime-0"))
+LIVE = ("builder-a", "builder-a-rig-agent-runtime-0")
+DOOMED = ("builder-b", "builder-b-rig-agent-runtime-0")
 ISSUES = [f"rc-{n}" for n in range(101, 107)]
+PREFERRED_PORT = 8080
 
 
-def run(*, timeout_s: float, log_format: str) -> int:
+def run(*, timeout_s: float, log_format: str, keep_running: bool = False) -> int:
     try:
         with embedded_services() as services:
             settings = Settings(
                 redis_url=services.redis_url,
                 database_url=services.database_url,
+                http_host="127.0.0.1",
+                http_port=_port(),
                 streams=(STREAM,),
                 agent_ids=(LIVE[0], DOOMED[0]),
                 entry_stale_ms=2_000,
@@ -51,121 +53,129 @@ def run(*, timeout_s: float, log_format: str) -> int:
                 log_format=log_format,
             )
             migrations.upgrade(settings.sqlalchemy_url)
-            return asyncio.run(_run(settings, timeout_s))
+            return asyncio.run(_run(settings, timeout_s, keep_running))
     except EmbeddedUnavailable as exc:
         logger.error("%s", exc)
         return 2
 
 
-async def _run(settings: Settings, timeout_s: float) -> int:
-    redis = redis_streams.connect(settings.redis_url)
-    engine = pg.create_engine(settings.sqlalchemy_url, pool_size=3)
-    completed: dict[str, str] = {}
-    all_done, stop = asyncio.Event(), asyncio.Event()
-    try:
-        await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
-        for issue in ISSUES:
-            await _dispatch(redis, issue)
-        await _heartbeat(engine, settings, *DOOMED)
-        await _crash_after_reading(redis, DOOMED[1], count=4)
-        live = asyncio.create_task(_live_agent(redis, engine, settings, completed, all_done, stop))
-        reaper = asyncio.create_task(_reaper(redis, engine, settings, stop))
+def _port() -> int:
+    """8080 when it is free, else any free port."""
+    with socket.socket() as sock:
         try:
-            async with asyncio.timeout(timeout_s):
-                await all_done.wait()
-        except TimeoutError:
-            logger.error("Demo timed out: %d of %d issues done", len(completed), len(ISSUES))
-            return 1
-        finally:
-            # Loops finish their current step: cancelling one mid-query would strand a connection.
-            stop.set()
-            await asyncio.gather(live, reaper)
-        reclaims = await queries.count_events(engine, tenant=settings.tenant, kind="RECLAIMED")
-        logger.info(
-            "Demo done: %d issues completed, %d reclaimed from %s. Completed by: %s",
-            len(completed),
-            reclaims,
-            DOOMED[1],
-            json.dumps(completed, sort_keys=True),
+            sock.bind(("127.0.0.1", PREFERRED_PORT))
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _run(settings: Settings, timeout_s: float, keep_running: bool) -> int:
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings),
+            host=settings.http_host,
+            port=settings.http_port,
+            log_config=None,
+            access_log=False,
         )
-        return 0
+    )
+    serving = asyncio.create_task(server.serve())
+    # uvicorn exposes start-up as a flag, not an event.
+    while not server.started and not serving.done():  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    url = f"http://{settings.http_host}:{settings.http_port}"
+    logger.info("Conductor serving at %s (try %s/api/streams)", url, url)
+    redis = redis_streams.connect(settings.redis_url)
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as api:
+            done = await _story(api, redis, timeout_s)
+        if done and keep_running:
+            logger.info("Demo done; the conductor keeps serving at %s until Ctrl-C", url)
+            await serving
     finally:
         await redis.aclose()
-        await engine.dispose()
+        server.should_exit = True
+        await serving
+    return 0 if done else 1
 
 
-async def _dispatch(redis: Redis, issue: str) -> None:
-    fields: dict[Any, Any] = {
-        "type": "ISSUE_ASSIGNED",
-        "issueId": issue,
-        "agentId": "builder",
-        "payload": json.dumps({"title": f"Build {issue}"}),
-        "assignedAt": datetime.now(UTC).isoformat(),
-    }
-    entry = await redis.xadd(STREAM, fields)
-    logger.info("Dispatched %s as %s", issue, entry)
-
-
-async def _heartbeat(
-    engine: AsyncEngine, settings: Settings, agent: AgentId, consumer: ConsumerName
-) -> None:
-    await queries.record_heartbeats(
-        engine, tenant=settings.tenant, heartbeats=[queries.HeartbeatIn(agent, consumer)]
+async def _story(api: httpx.AsyncClient, redis: Redis, timeout_s: float) -> bool:
+    await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    for issue in ISSUES:
+        answer = await _post(
+            api,
+            type="ISSUE_ASSIGNED",
+            issueId=issue,
+            agentId="builder",
+            payload={"title": f"Build {issue}"},
+        )
+        logger.info("Dispatched %s as %s", issue, answer["entryId"])
+    await _post(api, type="HEARTBEAT", agentId=DOOMED[0], consumer=DOOMED[1])
+    await _crash_after_reading(redis, DOOMED[1], count=4)
+    completed: dict[str, str] = {}
+    stop = asyncio.Event()
+    worker = asyncio.create_task(_live_agent(api, redis, completed, stop))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await stop.wait()
+    except TimeoutError:
+        logger.error("Demo timed out: %d of %d issues done", len(completed), len(ISSUES))
+        return False
+    finally:
+        stop.set()
+        await worker  # it finishes its current step: no request is cut off mid-way
+    streams = (await api.get("/api/streams")).json()
+    logger.info(
+        "Demo done: %d issues completed, all by %s. Pending now: %s",
+        len(completed),
+        ", ".join(sorted(set(completed.values()))),
+        json.dumps({g["group"]: g["pending"] for g in streams}),
     )
+    return True
 
 
-async def _crash_after_reading(redis: Redis, consumer: ConsumerName, count: int) -> None:
+async def _post(api: httpx.AsyncClient, **event: Any) -> dict[str, Any]:
+    answer = await api.post("/api/events", json=event)
+    answer.raise_for_status()
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def _crash_after_reading(redis: Redis, consumer: str, count: int) -> None:
     taken = await redis.xreadgroup(GROUP, consumer, {STREAM: ">"}, count=count)
     ids = [entry_id for entry_id, _ in _entries(taken)]
     logger.warning("%s read %s and crashed before acking them", consumer, ", ".join(ids))
 
 
 async def _live_agent(
-    redis: Redis,
-    engine: AsyncEngine,
-    settings: Settings,
-    completed: dict[str, str],
-    all_done: asyncio.Event,
-    stop: asyncio.Event,
+    api: httpx.AsyncClient, redis: Redis, completed: dict[str, str], stop: asyncio.Event
 ) -> None:
     agent, consumer = LIVE
+    await redis.xgroup_createconsumer(STREAM, GROUP, consumer)
     while not stop.is_set():
-        await _heartbeat(engine, settings, agent, consumer)
+        await _post(api, type="HEARTBEAT", agentId=agent, consumer=consumer)
         # Its own pending list first: that is where reclaimed entries land.
         for start in ("0", ">"):
-            try:
-                batches = await redis.xreadgroup(GROUP, consumer, {STREAM: start}, count=10)
-            except ResponseError as exc:
-                logger.error("%s could not read: %s", consumer, exc)
-                continue
-            for entry_id, fields in _entries(batches):
+            batch = await redis.xreadgroup(GROUP, consumer, {STREAM: start}, count=10)
+            for entry_id, fields in _entries(batch):
+                report = {
+                    "agentId": agent,
+                    "consumer": consumer,
+                    "stream": STREAM,
+                    "entryId": entry_id,
+                    "issueId": fields.get("issueId"),
+                }
+                started = await _post(api, type="WORK_STARTED", **report)
                 await asyncio.sleep(0.1)  # the work
+                await _post(api, type="WORK_COMPLETED", attempt=started["attempt"], **report)
                 await redis.xack(STREAM, GROUP, entry_id)
                 completed[fields.get("issueId", entry_id)] = consumer
                 logger.info("%s completed %s (%s)", consumer, fields.get("issueId"), entry_id)
-                if len(completed) == len(ISSUES):
-                    all_done.set()
-        await _pause(stop, 0.5)
-
-
-async def _reaper(
-    redis: Redis, engine: AsyncEngine, settings: Settings, stop: asyncio.Event
-) -> None:
-    while not stop.is_set():
-        try:
-            report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
-        except Exception as exc:
-            logger.error("Scan failed: %s", cycle.describe_failure(exc))
-        else:
-            if report.reclaimed or report.dead_lettered:
-                logger.info("Scan report: %s", json.dumps(report.to_json()))
-        await _pause(stop, settings.scan_interval_s)
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep, but wake at once when `stop` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)
+        if len(completed) == len(ISSUES):
+            stop.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
 
 
 def _entries(reply: Any) -> list[tuple[str, dict[str, str]]]:

@@ -13,7 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 # Attributes every LogRecord has; anything else on a record came in through `extra`.
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "color_message",  # uvicorn's ANSI-coloured copy of the message
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -56,6 +60,9 @@ def config(log_format: str = "text", level: str = "INFO") -> dict[str, Any]:
             "httpx": {"level": "WARNING"},
             # The embedded PostgreSQL narrates every command it runs.
             "pgserver": {"level": "WARNING"},
+            # One line per job run and per migration plugin: noise at INFO.
+            "apscheduler": {"level": "WARNING"},
+            "alembic.runtime.plugins": {"level": "WARNING"},
         },
     }
 

@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     log_format: Literal["text", "json"] = "text"
     tenant: str = Field(default="default", min_length=1)
+    event_retention_days: int = Field(default=30, ge=1)
 
     @field_validator("streams", "agent_ids", mode="before")
     @classmethod

@@ -2,6 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx
 from redis.asyncio import Redis
 
 
@@ -32,3 +44,72 @@ async def owners(redis: Redis, stream: str, group: str) -> dict[str, str]:
     """entry id -> owning consumer, for the whole pending list."""
     rows = await redis.xpending_range(stream, group, min="-", max="+", count=1_000_000)
     return {row["message_id"]: row["consumer"] for row in rows}
+
+
+async def wait_for(check: Callable[[], object], within: float = 15.0) -> None:
+    """Poll `check` (plain or async) until it is truthy, or fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Conductor:
+    url: str
+    process: subprocess.Popen[str]
+    stdout: str = ""
+    stderr: str = ""
+
+
+@asynccontextmanager
+async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[Conductor]:
+    """`rig-conductor serve` as a process, ready when yielded; SIGTERM and collected on exit."""
+    port = free_port()
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment.update(
+        RIG_REDIS_URL=redis_url,
+        RIG_DATABASE_URL=database_url,
+        RIG_HTTP_HOST="127.0.0.1",
+        RIG_HTTP_PORT=str(port),
+        **env,
+    )
+    process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
+        [sys.executable, "-m", "rig_conductor", "serve"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    conductor = Conductor(f"http://127.0.0.1:{port}", process)
+    try:
+        async with httpx.AsyncClient(base_url=conductor.url) as client:
+
+            async def ready() -> bool:
+                if process.poll() is not None:
+                    raise AssertionError(f"serve exited with {process.returncode}")
+                try:
+                    return (await client.get("/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await wait_for(ready, within=30)
+        yield conductor
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        conductor.stdout, conductor.stderr = await asyncio.to_thread(
+            process.communicate, timeout=30
+        )

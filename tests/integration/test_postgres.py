@@ -28,7 +28,8 @@ async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEng
         ],
     )
     assert second >= first
-    agents = {a.agent_id: a for a in await queries.list_agents(engine, tenant="default")}
+    _, rows = await queries.list_agents(engine, tenant="default")
+    agents = {a.agent_id: a for a in rows}
     assert set(agents) == {"dev-e", "qa-e"}
     assert agents["dev-e"].last_heartbeat_at == second
     assert agents["dev-e"].degraded and agents["dev-e"].degraded_reasons == (
@@ -41,7 +42,7 @@ async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEng
 
 async def test_tenants_are_separate(engine: AsyncEngine) -> None:
     await queries.record_heartbeats(engine, tenant="acme", heartbeats=[HB(AgentId("dev-e"))])
-    assert await queries.list_agents(engine, tenant="default") == []
+    assert (await queries.list_agents(engine, tenant="default"))[1] == []
     evidence = await queries.load_evidence(engine, tenant="default", configured_agents=["x"])
     assert evidence.agent_heartbeats == {} and evidence.known_agents == {"x"}
 

@@ -30,6 +30,7 @@ CONTRACT_DEFAULTS = {
     "RIG_API_TOKENS": "<0 tokens>",
     "RIG_LOG_FORMAT": "text",
     "RIG_TENANT": "default",
+    "RIG_EVENT_RETENTION_DAYS": 30,
 }
 
 
@@ -92,6 +93,7 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_DATABASE_URL", "not a url", "database URL"),
         ("RIG_DATABASE_URL", "mysql://u@h/db", "postgresql://"),
         ("RIG_STREAMS", " , ", "at least one stream"),
+        ("RIG_EVENT_RETENTION_DAYS", "0", "greater than or equal to 1"),
     ],
 )
 def test_bad_value_names_the_variable(

@@ -268,3 +268,17 @@ def connect(url: str) -> Redis:
         socket_connect_timeout=5,
         health_check_interval=30,
     )
+
+
+async def oldest_pending_idle(
+    client: Redis, *, groups: Sequence[tuple[StreamKey, GroupName]]
+) -> list[int | None]:
+    """Idle ms of the first (oldest) entry of each group's pending list; None when empty."""
+    async with client.pipeline(transaction=False) as pipe:
+        for stream, group in groups:
+            pipe.xpending_range(stream, group, min="-", max="+", count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    return [
+        int(reply[0]["time_since_delivered"]) if isinstance(reply, list) and reply else None
+        for reply in replies
+    ]

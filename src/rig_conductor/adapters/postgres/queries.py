@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -38,6 +38,7 @@ class EventRow(NamedTuple):
     issue_id: str | None = None
     attempt: int | None = None
     detail: str = "{}"  # JSON text
+    fenced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +153,10 @@ async def load_evidence(
     )
 
 
-async def list_agents(engine: AsyncEngine, *, tenant: str) -> list[AgentRow]:
-    """Latest state of every agent with the consumers that heartbeated for it."""
+async def list_agents(engine: AsyncEngine, *, tenant: str) -> tuple[datetime, list[AgentRow]]:
+    """Latest state of every agent with the consumers that heartbeated for it, and `now()`."""
     async with engine.connect() as conn:
+        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
         rows = (
             await conn.execute(
                 select(agent_heartbeats)
@@ -172,7 +174,7 @@ async def list_agents(engine: AsyncEngine, *, tenant: str) -> list[AgentRow]:
     by_agent: dict[str, list[ConsumerName]] = {}
     for agent_id, consumer in consumer_rows:
         by_agent.setdefault(agent_id, []).append(ConsumerName(consumer))
-    return [
+    return now, [
         AgentRow(
             AgentId(row.agent_id),
             row.last_heartbeat_at,
@@ -184,18 +186,8 @@ async def list_agents(engine: AsyncEngine, *, tenant: str) -> list[AgentRow]:
     ]
 
 
-_EVENT_COLUMNS = (
-    "tenant",
-    "kind",
-    "agent_id",
-    "consumer",
-    "stream",
-    "group_name",
-    "entry_id",
-    "issue_id",
-    "attempt",
-    "detail",
-)
+# COPY column order: the tenant, then EventRow's fields in their declared order.
+_EVENT_COLUMNS = ("tenant", *EventRow._fields)
 
 
 async def append_events(engine: AsyncEngine, *, tenant: str, rows: Sequence[EventRow]) -> None:
@@ -218,3 +210,26 @@ async def count_events(engine: AsyncEngine, *, tenant: str, kind: str) -> int:
     async with engine.connect() as conn:
         query = select(func.count()).where(events.c.tenant == tenant, events.c.kind == kind)
         return int((await conn.execute(query)).scalar_one())
+
+
+RETENTION_BATCH = 10_000
+
+
+async def delete_old_events(
+    engine: AsyncEngine, *, older_than_days: int, batch: int = RETENTION_BATCH
+) -> int:
+    """Delete events older than the retention, `batch` rows per short transaction.
+
+    Small batches keep each lock brief, so heartbeats and scans never wait behind a purge.
+    """
+    statement = text(
+        "DELETE FROM events WHERE id IN (SELECT id FROM events "
+        "WHERE occurred_at < now() - make_interval(days => :days) ORDER BY id LIMIT :batch)"
+    )
+    deleted = 0
+    while True:
+        async with engine.begin() as conn:
+            result = await conn.execute(statement, {"days": older_than_days, "batch": batch})
+        deleted += result.rowcount
+        if result.rowcount < batch:
+            return deleted

@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Index,
@@ -61,7 +62,41 @@ events = Table(
     Column("issue_id", Text),
     Column("attempt", Integer),
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # A WORK_* report from an attempt older than the entry's current one: duplicate work.
+    Column("fenced", Boolean, nullable=False, server_default=text("false")),
     Index("ix_events_occurred_at", "occurred_at"),
     Index("ix_events_stream_entry", "stream", "entry_id"),
     Index("ix_events_issue", "issue_id"),
+)
+
+# One row per idempotency key: the entry a dispatch appended, so a repeat appends nothing.
+dispatches = Table(
+    "dispatches",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("stream", Text, nullable=False),
+    Column("entry_id", Text, nullable=False),
+    Column("issue_id", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_dispatches_entry", "stream", "entry_id"),
+)
+
+# Per stream entry: who works on it and which attempt is current. Changed only by conditional
+# updates, so a report from an older attempt is recognised and fenced off.
+assignments = Table(
+    "assignments",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("entry_id", Text, primary_key=True),
+    Column("issue_id", Text),
+    Column("state", Text, nullable=False),
+    Column("consumer", Text),
+    Column("attempt", Integer, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint(
+        "state IN ('pending', 'running', 'done', 'failed', 'dead')", name="ck_assignments_state"
+    ),
 )

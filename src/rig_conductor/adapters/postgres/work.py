@@ -1,0 +1,187 @@
+"""Dispatch records and per-entry assignment state: the conditional updates behind
+idempotent dispatch and attempt fencing. Decides nothing beyond what each statement guards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import assignments, dispatches, events
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    stream: str
+    entry_id: str
+    created: bool  # False: the key had been dispatched before; nothing was appended
+
+
+async def dispatch_once(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    key: str,
+    issue_id: str,
+    agent_id: str,
+    stream: str,
+    append: Callable[[], Awaitable[str]],
+) -> Dispatched:
+    """Run `append` (the XADD) at most once per idempotency key.
+
+    The key's row is inserted first and stays locked by this transaction while `append` runs:
+    a concurrent repeat blocks on it, then finds the committed entry id. If `append` or the
+    commit fails, the transaction rolls back and the key is free for a retry.
+    """
+    async with engine.begin() as conn:
+        claimed = await conn.execute(
+            insert(dispatches)
+            .values(
+                tenant=tenant,
+                idempotency_key=key,
+                stream=stream,
+                entry_id="",
+                issue_id=issue_id,
+                agent_id=agent_id,
+            )
+            .on_conflict_do_nothing()
+            .returning(dispatches.c.idempotency_key)
+        )
+        if claimed.first() is None:
+            row = (
+                await conn.execute(
+                    select(dispatches.c.stream, dispatches.c.entry_id).where(
+                        dispatches.c.tenant == tenant, dispatches.c.idempotency_key == key
+                    )
+                )
+            ).one()
+            return Dispatched(row.stream, row.entry_id, created=False)
+        entry_id = await append()
+        await conn.execute(
+            update(dispatches)
+            .where(dispatches.c.tenant == tenant, dispatches.c.idempotency_key == key)
+            .values(entry_id=entry_id)
+        )
+        await conn.execute(
+            events.insert().values(
+                tenant=tenant,
+                kind="ISSUE_ASSIGNED",
+                agent_id=agent_id,
+                stream=stream,
+                entry_id=entry_id,
+                issue_id=issue_id,
+                detail={"idempotencyKey": key},
+            )
+        )
+    return Dispatched(stream, entry_id, created=True)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkReport:
+    """A WORK_STARTED / WORK_COMPLETED / WORK_FAILED event as an agent sent it."""
+
+    kind: Literal["WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"]
+    agent_id: str
+    stream: str
+    entry_id: str
+    consumer: str | None = None
+    issue_id: str | None = None
+    attempt: int | None = None
+    detail: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkOutcome:
+    accepted: bool  # False: fenced off, the report came from an outdated attempt
+    attempt: int  # the entry's current attempt after this report
+    state: str
+
+
+_START = text(
+    """
+    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt)
+    VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer, 1)
+    ON CONFLICT (tenant, stream, entry_id) DO UPDATE
+       SET attempt = a.attempt + 1, state = 'running', consumer = EXCLUDED.consumer,
+           issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
+     WHERE a.state NOT IN ('done', 'dead')
+       AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
+    RETURNING attempt, state
+    """
+)
+
+_FINISH = text(
+    """
+    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt)
+    VALUES (:tenant, :stream, :entry_id, :issue_id, :state, :consumer,
+            COALESCE(CAST(:claimed AS integer), 1))
+    ON CONFLICT (tenant, stream, entry_id) DO UPDATE
+       SET state = EXCLUDED.state, consumer = EXCLUDED.consumer,
+           issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
+     WHERE a.state <> 'dead'
+       AND (a.state <> 'done' OR EXCLUDED.state = 'done')
+       AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
+    RETURNING attempt, state
+    """
+)
+
+
+async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -> WorkOutcome:
+    """Apply a WORK_* report to the entry's assignment row and append it to the event log.
+
+    WORK_STARTED takes a new attempt. Any report carrying an attempt older than the current one
+    is fenced: the row is left as it is and the event is logged with `fenced = true`, as the
+    audit's evidence of duplicate work. A finished (done or dead) entry is not started again.
+    """
+    params = {
+        "tenant": tenant,
+        "stream": report.stream,
+        "entry_id": report.entry_id,
+        "issue_id": report.issue_id,
+        "consumer": report.consumer,
+        "claimed": report.attempt,
+    }
+    async with engine.begin() as conn:
+        if report.kind == "WORK_STARTED":
+            row = (await conn.execute(_START, params)).first()
+        else:
+            state = "done" if report.kind == "WORK_COMPLETED" else "failed"
+            row = (await conn.execute(_FINISH, {**params, "state": state})).first()
+        if row is None:
+            current = (
+                await conn.execute(
+                    select(assignments.c.attempt, assignments.c.state).where(
+                        assignments.c.tenant == tenant,
+                        assignments.c.stream == report.stream,
+                        assignments.c.entry_id == report.entry_id,
+                    )
+                )
+            ).one()
+            outcome = WorkOutcome(False, current.attempt, current.state)
+        else:
+            outcome = WorkOutcome(True, row.attempt, row.state)
+        attempt = (
+            outcome.attempt
+            if report.kind == "WORK_STARTED" and outcome.accepted
+            else report.attempt
+        )
+        await conn.execute(
+            events.insert().values(
+                tenant=tenant,
+                kind=report.kind,
+                agent_id=report.agent_id,
+                consumer=report.consumer,
+                stream=report.stream,
+                entry_id=report.entry_id,
+                issue_id=report.issue_id,
+                attempt=attempt,
+                fenced=not outcome.accepted,
+                detail=json.loads(report.detail),
+            )
+        )
+    return outcome

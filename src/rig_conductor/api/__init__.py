@@ -1,0 +1,1 @@
+"""The HTTP API: FastAPI app, event intake, read views, health."""

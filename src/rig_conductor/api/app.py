@@ -1,0 +1,71 @@
+"""`create_app(settings)`: the FastAPI app whose lifespan owns the Redis client, the database
+engine, the heartbeat writer and the scheduled reaper."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+
+from rig_conductor import __version__
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import engine as pg
+from rig_conductor.adapters.postgres import migrations
+from rig_conductor.api import errors
+from rig_conductor.api.deps import Runtime, require_token
+from rig_conductor.api.ingest import HeartbeatWriter
+from rig_conductor.api.routes import events, health, views
+from rig_conductor.reaper.schedule import ReaperService
+from rig_conductor.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
+    """The conductor's HTTP app. `schedule_reaper=False` leaves scans to `/api/reaper/scan`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = redis_streams.connect(settings.redis_url)
+        engine = pg.create_engine(settings.sqlalchemy_url)
+        heartbeats = HeartbeatWriter(engine, tenant=settings.tenant)
+        reaper = ReaperService(redis=redis, engine=engine, settings=settings)
+        app.state.runtime = Runtime(
+            settings,
+            redis,
+            engine,
+            heartbeats,
+            reaper,
+            schema_head=migrations.head_revision(settings.sqlalchemy_url),
+        )
+        heartbeats.start()
+        if schedule_reaper:
+            reaper.start()
+        if not settings.api_tokens:
+            logger.warning(
+                "RIG_API_TOKENS is empty: the /api routes are open to anyone who can reach them"
+            )
+        try:
+            yield
+        finally:
+            await reaper.stop()
+            await heartbeats.stop()
+            await redis.aclose()
+            await engine.dispose()
+            logger.info("Shut down cleanly")
+
+    app = FastAPI(
+        title="rig-conductor",
+        version=__version__,
+        description="Heartbeats, dispatch, and the reaper of stuck Redis Streams entries.",
+        lifespan=lifespan,
+    )
+    app.state.tokens = tuple(t.get_secret_value().encode() for t in settings.api_tokens)
+    errors.install(app)
+    secured = [Depends(require_token)]
+    app.include_router(events.router, prefix="/api", dependencies=secured)
+    app.include_router(views.router, prefix="/api", dependencies=secured)
+    app.include_router(health.router)
+    return app

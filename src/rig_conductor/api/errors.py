@@ -1,0 +1,161 @@
+"""Error answers: 422 naming the field, 413 over the body limit, 503 when a dependency is down.
+
+Nothing a client sends produces a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+RETRY_AFTER_S = "5"
+# pydantic puts the union member's tag into the location: it names no field of the request.
+_TAGS = {"HEARTBEAT", "ISSUE_ASSIGNED", "WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"}
+
+
+def field_of(location: tuple[Any, ...] | list[Any]) -> str:
+    parts = [
+        str(p) for p in location if p not in ("body", *_TAGS) and not str(p).startswith("function-")
+    ]
+    return ".".join(parts) or "body"
+
+
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [
+        {
+            "field": "body" if e["type"] == "json_invalid" else field_of(e["loc"]),
+            "message": e["msg"],
+            "type": e["type"],
+        }
+        for e in exc.errors()
+    ]
+    content_type = request.headers.get("content-type", "")
+    body_failed = any(e["loc"] and e["loc"][0] == "body" for e in exc.errors())
+    if body_failed and "json" not in content_type:
+        errors.insert(
+            0,
+            {
+                "field": "body",
+                "message": "expected a JSON body with Content-Type: application/json, "
+                f"got {content_type!r}",
+                "type": "content_type",
+            },
+        )
+    first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    return JSONResponse(
+        status_code=422,
+        content={"detail": f"{first['field']}: {first['message']}", "errors": errors},
+    )
+
+
+async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+    which = "Redis" if isinstance(exc, RedisError) else "PostgreSQL"
+    logger.warning(
+        "%s %s answered 503: %s unavailable: %s", request.method, request.url.path, which, exc
+    )
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"{which} is unavailable; retry later"},
+        headers={"Retry-After": RETRY_AFTER_S},
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse | Any:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        # FastAPI's answer to bytes that are not even text; to a client that is malformed JSON.
+        message = "not valid JSON (the bytes are not UTF-8 text)"
+        return JSONResponse(
+            status_code=422,
+            content={
+                "detail": f"body: {message}",
+                "errors": [{"field": "body", "message": message, "type": "json_invalid"}],
+            },
+        )
+    return await http_exception_handler(request, exc)
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
+    for error in (RedisError, SQLAlchemyError, OSError):
+        app.add_exception_handler(error, _unavailable)
+    app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+
+
+class BodyLimit:
+    """Answers 413 to a request body over `limit` bytes, declared or streamed.
+
+    The body (at most `limit` bytes) is read here and replayed to the app: an error raised
+    from inside the app's own body reading would surface as a 400 instead.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive() that hands out `messages` first, then defers to the real one."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed

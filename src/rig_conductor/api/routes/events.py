@@ -1,0 +1,132 @@
+"""POST /api/events: heartbeats, dispatches and work reports, one event per request."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends
+from fastapi.responses import JSONResponse
+
+from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.api import schemas
+from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.domain import AgentId, ConsumerName
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["events"])
+
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    **schemas.ERRORS,
+    200: {
+        "model": schemas.DispatchResult,
+        "description": "ISSUE_ASSIGNED repeated: the original entry",
+    },
+    201: {"model": schemas.DispatchResult, "description": "ISSUE_ASSIGNED appended to the stream"},
+    202: {
+        "model": schemas.Accepted | schemas.WorkResult,
+        "description": "HEARTBEAT stored, or a work report recorded",
+    },
+    409: {"model": schemas.Fenced, "description": "the report's attempt is outdated: fenced off"},
+}
+
+
+@router.post("/events", responses=RESPONSES, status_code=202, response_model=None)
+async def post_event(
+    event: Annotated[schemas.Event, Body()], rt: Annotated[Runtime, Depends(runtime)]
+) -> JSONResponse:
+    if isinstance(event, schemas.HeartbeatEvent):
+        return await _heartbeat(event, rt)
+    if isinstance(event, schemas.IssueAssignedEvent):
+        return await _dispatch(event, rt)
+    return await _work(event, rt)
+
+
+async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> JSONResponse:
+    await rt.heartbeats.submit(
+        queries.HeartbeatIn(
+            AgentId(event.agent_id),
+            ConsumerName(event.consumer) if event.consumer else None,
+            event.degraded,
+            tuple(event.degraded_reasons),
+        )
+    )
+    return JSONResponse(schemas.Accepted().model_dump(by_alias=True), status_code=202)
+
+
+async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONResponse:
+    stream = rt.settings.dispatch_stream
+
+    async def append() -> str:
+        entry_id = await rt.redis.xadd(
+            stream,
+            {
+                "type": "ISSUE_ASSIGNED",
+                "issueId": event.issue_id,
+                "agentId": event.agent_id,
+                "payload": json.dumps(event.payload, separators=(",", ":")),
+                "assignedAt": datetime.now(UTC).isoformat(),
+            },
+        )
+        return str(entry_id)
+
+    done = await work.dispatch_once(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        key=event.idempotency_key or event.issue_id,
+        issue_id=event.issue_id,
+        agent_id=event.agent_id,
+        stream=stream,
+        append=append,
+    )
+    if done.created:
+        logger.info("Dispatched %s to %s as %s", event.issue_id, stream, done.entry_id)
+    body = schemas.DispatchResult(stream=done.stream, entry_id=done.entry_id)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=201 if done.created else 200)
+
+
+async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
+    detail = json.dumps({"error": event.error}) if event.error else "{}"
+    outcome = await work.record_work(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        report=work.WorkReport(
+            kind=event.type,
+            agent_id=event.agent_id,
+            stream=event.stream,
+            entry_id=event.entry_id,
+            consumer=event.consumer,
+            issue_id=event.issue_id,
+            attempt=event.attempt,
+            detail=detail,
+        ),
+    )
+    if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_COMPLETED"):
+        logger.warning(
+            "Fenced %s of %s on %s from %s: attempt %s, current attempt %d (%s)",
+            event.type,
+            event.entry_id,
+            event.stream,
+            event.consumer or event.agent_id,
+            event.attempt,
+            outcome.attempt,
+            outcome.state,
+        )
+        fenced = schemas.Fenced(
+            detail="fenced: a newer attempt owns this entry"
+            if outcome.state not in ("done", "dead")
+            else f"fenced: the entry is already {outcome.state}",
+            attempt=outcome.attempt,
+            state=outcome.state,
+        )
+        return JSONResponse(fenced.model_dump(by_alias=True), status_code=409)
+    if event.type == "WORK_STARTED":
+        return JSONResponse(
+            schemas.WorkStarted(attempt=outcome.attempt).model_dump(by_alias=True), status_code=202
+        )
+    result = schemas.WorkResult(
+        accepted=outcome.accepted, attempt=outcome.attempt, state=outcome.state
+    )
+    return JSONResponse(result.model_dump(by_alias=True), status_code=202)

@@ -1,0 +1,50 @@
+"""Liveness and readiness probes (no token)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
+
+from rig_conductor.api.deps import Runtime, runtime
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """200 while the process runs."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz", responses={503: {"description": "a dependency is down or the schema is behind"}}
+)
+async def readyz(rt: Annotated[Runtime, Depends(runtime)]) -> JSONResponse:
+    """200 when Redis and PostgreSQL answer and the schema is at this release's head."""
+    checks: dict[str, str] = {}
+    try:
+        await rt.redis.ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"unavailable: {type(exc).__name__}"
+    try:
+        async with rt.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        checks["postgres"] = "ok"
+        checks["schema"] = (
+            "ok" if version == rt.schema_head else f"at {version}, needs {rt.schema_head}"
+        )
+    except ProgrammingError:  # no alembic_version table: never migrated
+        checks["postgres"] = "ok"
+        checks["schema"] = f"not migrated, needs {rt.schema_head}"
+    except Exception as exc:
+        checks["postgres"] = f"unavailable: {type(exc).__name__}"
+        checks["schema"] = "unknown"
+    ready = all(value == "ok" for value in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)

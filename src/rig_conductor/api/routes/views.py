@@ -1,0 +1,87 @@
+"""Operator views: agents, streams, and a scan on demand."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.api import schemas
+from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.domain import AgentId
+from rig_conductor.policy import agents as agent_policy
+
+router = APIRouter(tags=["views"], responses=schemas.ERRORS)
+
+
+@router.get("/agents", response_model=list[schemas.AgentView], response_model_by_alias=True)
+async def list_agents(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.AgentView]:
+    """Every agent that heartbeated or is configured, judged at the database's clock."""
+    now, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
+    down_ms = rt.settings.agent_down_ms
+    views: dict[str, schemas.AgentView] = {}
+    for row in rows:
+        age = max(0, int((now - row.last_heartbeat_at).total_seconds() * 1000))
+        views[row.agent_id] = schemas.AgentView(
+            agent_id=row.agent_id,
+            last_heartbeat_at=row.last_heartbeat_at,
+            heartbeat_age_ms=age,
+            down=age >= down_ms,
+            degraded=row.degraded,
+            degraded_reasons=list(row.degraded_reasons),
+            consumers=list(row.consumers),
+        )
+    for agent in rt.settings.agent_ids:
+        if agent not in views:  # configured but never heard from: down
+            views[agent] = schemas.AgentView(
+                agent_id=agent,
+                last_heartbeat_at=None,
+                heartbeat_age_ms=None,
+                down=True,
+                degraded=False,
+                degraded_reasons=[],
+                consumers=[],
+            )
+    return [views[key] for key in sorted(views)]
+
+
+@router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
+async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.GroupView]:
+    """Per stream and group: consumers with pending count, idle time and resolved agent."""
+    streams = await redis_streams.resolve_streams(rt.redis, names=rt.settings.streams)
+    groups = await redis_streams.describe_groups(rt.redis, streams=streams)
+    oldest = await redis_streams.oldest_pending_idle(
+        rt.redis, groups=[(g.stream, g.name) for g in groups]
+    )
+    _, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
+    known = agent_policy.known_agents(rt.settings.agent_ids, (AgentId(r.agent_id) for r in rows))
+    return [
+        schemas.GroupView(
+            stream=group.stream,
+            group=group.name,
+            pending=group.pending,
+            oldest_pending_idle_ms=idle,
+            consumers=[
+                schemas.ConsumerView(
+                    name=c.name,
+                    pending=c.pending,
+                    idle_ms=c.idle_ms,
+                    agent_id=agent_policy.resolve_agent(c.name, known),
+                )
+                for c in group.consumers
+            ],
+        )
+        for group, idle in zip(groups, oldest, strict=True)
+    ]
+
+
+@router.post("/reaper/scan", response_model=schemas.ScanReportView, response_model_by_alias=True)
+async def scan_now(
+    rt: Annotated[Runtime, Depends(runtime)],
+    dry_run: Annotated[bool, Query(alias="dryRun")] = False,
+) -> schemas.ScanReportView:
+    """Run one scan now (after any scan in progress) and return its report."""
+    report = await rt.reaper.scan(dry_run=dry_run)
+    return schemas.ScanReportView.model_validate(report.to_json())

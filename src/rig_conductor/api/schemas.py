@@ -1,0 +1,136 @@
+"""Wire models: camelCase JSON, strict types, one model per event `type`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic.alias_generators import to_camel
+
+# Strict types: a number where a string belongs is a 422, not silently converted.
+Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+EntryIdField = Annotated[StrictStr, Field(pattern=r"^\d{1,20}-\d{1,20}$", max_length=41)]
+
+
+class Wire(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
+
+class HeartbeatEvent(Wire):
+    type: Literal["HEARTBEAT"]
+    agent_id: Name
+    consumer: Name | None = None
+    degraded: StrictBool = False
+    degraded_reasons: Annotated[list[Name], Field(max_length=64)] = []
+
+
+class IssueAssignedEvent(Wire):
+    type: Literal["ISSUE_ASSIGNED"]
+    issue_id: Name
+    agent_id: Name
+    payload: dict[str, Any] = {}
+    idempotency_key: Name | None = None
+
+
+class WorkEvent(Wire):
+    type: Literal["WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"]
+    agent_id: Name
+    stream: Name
+    entry_id: EntryIdField
+    consumer: Name | None = None
+    issue_id: Name | None = None
+    attempt: Annotated[StrictInt, Field(ge=1)] | None = None
+    error: Annotated[StrictStr, Field(max_length=4096)] | None = None
+
+
+Event = Annotated[HeartbeatEvent | IssueAssignedEvent | WorkEvent, Field(discriminator="type")]
+
+
+class Accepted(Wire):
+    accepted: bool = True
+
+
+class DispatchResult(Wire):
+    stream: str
+    entry_id: str
+
+
+class WorkStarted(Wire):
+    attempt: int
+
+
+class WorkResult(Wire):
+    accepted: bool
+    attempt: int
+    state: str
+
+
+class Fenced(Wire):
+    detail: str
+    attempt: int
+    state: str
+
+
+class AgentView(Wire):
+    agent_id: str
+    last_heartbeat_at: datetime | None
+    heartbeat_age_ms: int | None
+    down: bool
+    degraded: bool
+    degraded_reasons: list[str]
+    consumers: list[str]
+
+
+class ConsumerView(Wire):
+    name: str
+    pending: int
+    idle_ms: int
+    agent_id: str | None
+
+
+class GroupView(Wire):
+    stream: str
+    group: str
+    pending: int
+    oldest_pending_idle_ms: int | None
+    consumers: list[ConsumerView]
+
+
+class ScanReportView(Wire):
+    """The scan report; `groupsDetail` lists the groups where the scan acted."""
+
+    model_config = ConfigDict(extra="allow")
+    streams: int
+    groups: int
+    pending: int
+    reclaimed: int
+    dead_lettered: int
+    no_target: int
+    dry_run: bool
+    duration_ms: int
+
+
+class FieldProblem(Wire):
+    field: str
+    message: str
+    type: str
+
+
+class ValidationProblem(Wire):
+    """The 422 answer: `detail` is "<field>: <message>" for the first problem."""
+
+    detail: str
+    errors: list[FieldProblem]
+
+
+class Problem(Wire):
+    detail: str
+
+
+ERRORS: dict[int | str, dict[str, object]] = {
+    401: {"model": Problem, "description": "missing or invalid bearer token"},
+    413: {"model": Problem, "description": "body over 64 KiB"},
+    422: {"model": ValidationProblem, "description": "the request names a bad field"},
+    503: {"model": Problem, "description": "Redis or PostgreSQL unavailable; see Retry-After"},
+}

@@ -1,0 +1,109 @@
+"""The reaper inside `serve`: APScheduler runs one scan every RIG_SCAN_INTERVAL_S after
+RIG_STARTUP_DELAY_S, never two at once, and the event-log retention once a day.
+
+A failing scan is logged and counted; the schedule carries on. Stopping waits for a scan in
+progress to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.reaper import cycle
+from rig_conductor.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+RETENTION_FIRST_RUN = timedelta(minutes=5)
+
+
+class ReaperService:
+    def __init__(self, *, redis: Redis, engine: AsyncEngine, settings: Settings) -> None:
+        self._redis = redis
+        self._engine = engine
+        self._settings = settings
+        self._lock = asyncio.Lock()
+        self._scheduler = AsyncIOScheduler(timezone=UTC)
+        self.last_report: cycle.ScanReport | None = None
+        self.failed_scans = 0
+
+    def start(self) -> None:
+        now = datetime.now(UTC)
+        self._scheduler.add_job(
+            self._scheduled_scan,
+            "interval",
+            seconds=self._settings.scan_interval_s,
+            next_run_time=now + timedelta(seconds=self._settings.startup_delay_s),
+            id="reaper-scan",
+            max_instances=1,
+            coalesce=True,
+            misfire_grace_time=None,
+        )
+        self._scheduler.add_job(
+            self._retention,
+            "interval",
+            hours=24,
+            next_run_time=now + RETENTION_FIRST_RUN,
+            id="event-retention",
+            max_instances=1,
+            coalesce=True,
+        )
+        self._scheduler.start()
+        logger.info(
+            "Reaper scheduled: first scan in %.1fs, then every %.1fs",
+            self._settings.startup_delay_s,
+            self._settings.scan_interval_s,
+        )
+
+    async def stop(self) -> None:
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+        async with self._lock:  # a scan in progress finishes first
+            pass
+
+    async def scan(self, *, dry_run: bool | None = None) -> cycle.ScanReport:
+        """One scan now, after any scan already running. Raises what the scan raised."""
+        async with self._lock:
+            report = await cycle.reap_once(
+                redis=self._redis, engine=self._engine, settings=self._settings, dry_run=dry_run
+            )
+        self.last_report = report
+        return report
+
+    async def _scheduled_scan(self) -> None:
+        try:
+            report = await self.scan()
+        except Exception as exc:
+            self.failed_scans += 1
+            logger.error("Scan failed: %s", cycle.describe_failure(exc))
+            return
+        if report.reclaimed or report.dead_lettered or report.no_target:
+            logger.info(
+                "Scan: %d reclaimed, %d dead-lettered, %d without target in %d ms",
+                report.reclaimed,
+                report.dead_lettered,
+                report.no_target,
+                report.duration_ms,
+            )
+
+    async def _retention(self) -> None:
+        try:
+            deleted = await queries.delete_old_events(
+                self._engine, older_than_days=self._settings.event_retention_days
+            )
+        except Exception as exc:
+            logger.error("Event retention failed: %s", cycle.describe_failure(exc))
+            return
+        if deleted:
+            logger.info(
+                "Event retention: deleted %d events older than %d days",
+                deleted,
+                self._settings.event_retention_days,
+            )

@@ -1,0 +1,107 @@
+"""`rig-conductor serve` as a process, the reaper's schedule, and event retention."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import AgentId
+from rig_conductor.reaper.schedule import ReaperService
+from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register, serve, wait_for
+
+
+async def test_serve_reclaims_on_schedule_and_stops_on_sigterm(
+    redis: Redis, engine: AsyncEngine, redis_url: str, database_url: str
+) -> None:
+    ids = await fill(redis, "rig:dispatch", "workers", 3)
+    await read(redis, "rig:dispatch", "workers", "dev-e-rig-agent-runtime-0", 3)
+    await register(redis, "rig:dispatch", "workers", "qa-e-0")
+    async with serve(
+        redis_url,
+        database_url,
+        RIG_STREAMS="rig:dispatch",
+        RIG_AGENT_IDS="dev-e,qa-e",
+        RIG_ENTRY_STALE_MS="0",
+        RIG_SCAN_INTERVAL_S="0.3",
+        RIG_STARTUP_DELAY_S="0",
+        RIG_LOG_FORMAT="json",
+    ) as conductor:
+        async with httpx.AsyncClient(base_url=conductor.url) as client:
+            answer = await client.post(
+                "/api/events", json={"type": "HEARTBEAT", "agentId": "qa-e", "consumer": "qa-e-0"}
+            )
+            assert answer.status_code == 202
+
+        async def moved() -> bool:
+            return await owners(redis, "rig:dispatch", "workers") == dict.fromkeys(ids, "qa-e-0")
+
+        await wait_for(moved)
+    assert conductor.process.returncode == 0, conductor.stderr[-2000:]
+    assert conductor.stdout == ""
+    assert '"message": "[StreamReclaim] Reclaimed' in conductor.stderr
+    assert "Shut down cleanly" in conductor.stderr
+    assert "RIG_API_TOKENS is empty" in conductor.stderr
+    assert "effective configuration" in conductor.stderr
+
+
+async def test_failing_scans_do_not_stop_the_schedule(
+    engine: AsyncEngine, make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = redis_streams.connect("redis://127.0.0.1:1/0")
+    settings = make_settings(scan_interval_s=0.1, startup_delay_s=0)
+    service = ReaperService(redis=dead, engine=engine, settings=settings)
+    service.start()
+    try:
+        await wait_for(lambda: service.failed_scans >= 3, within=10)
+    finally:
+        await service.stop()
+        await dead.aclose()
+    assert "Scan failed: Redis unavailable" in caplog.text
+
+
+async def test_startup_delay_holds_the_first_scan(
+    engine: AsyncEngine, redis: Redis, make_settings: Callable[..., Settings]
+) -> None:
+    held = make_settings(scan_interval_s=0.1, startup_delay_s=30)
+    service = ReaperService(redis=redis, engine=engine, settings=held)
+    service.start()
+    await asyncio.sleep(0.5)
+    await service.stop()
+    assert service.last_report is None
+    prompt = make_settings(scan_interval_s=0.1, startup_delay_s=0)
+    service = ReaperService(redis=redis, engine=engine, settings=prompt)
+    service.start()
+    await wait_for(lambda: service.last_report is not None, within=5)
+    await service.stop()
+
+
+async def test_stop_waits_for_the_scan_in_progress(
+    engine: AsyncEngine, redis: Redis, make_settings: Callable[..., Settings]
+) -> None:
+    service = ReaperService(redis=redis, engine=engine, settings=make_settings())
+    scan = asyncio.create_task(service.scan())
+    await asyncio.sleep(0)
+    await service.stop()
+    assert scan.done() and service.last_report is not None
+
+
+async def test_retention_deletes_old_events_in_batches(engine: AsyncEngine) -> None:
+    beats = [queries.HeartbeatIn(AgentId("dev-e"))] * 25
+    await queries.record_heartbeats(engine, tenant="default", heartbeats=beats)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE events SET occurred_at = now() - interval '40 days' WHERE id <= 23")
+        )
+    deleted = await queries.delete_old_events(engine, older_than_days=30, batch=5)
+    assert deleted == 23
+    assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 2
