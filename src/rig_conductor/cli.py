@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
-    from rig_conductor.api.app import create_app
+    from rig_conductor.app import create_app
 
     if (problem := _schema_problem(settings)) is not None:
         logger.error("%s", problem)

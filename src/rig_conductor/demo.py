@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import migrations
-from rig_conductor.api.app import create_app
+from rig_conductor.app import create_app
 from rig_conductor.embedded import EmbeddedUnavailable, embedded_services
 from rig_conductor.settings import Settings
 

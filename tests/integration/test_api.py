@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.tables import dispatches, events
-from rig_conductor.api.app import create_app
+from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
 from .helpers import fill, owners, read, register
@@ -421,3 +421,36 @@ async def test_openapi_describes_the_api(api: httpx.AsyncClient) -> None:
     } <= set(spec["paths"])
     schemas = spec["components"]["schemas"]
     assert "agentId" in schemas["HeartbeatEvent"]["properties"]
+
+
+async def test_request_log_has_no_bodies_or_tokens(
+    build: Callable[..., FastAPI],
+    redis: Redis,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async for api in _client(build(api_tokens="s3cret-token")):
+        with caplog.at_level("DEBUG", logger="rig_conductor.access"):
+            await api.post(
+                "/api/events",
+                json=heartbeat("agent-with-secret-name"),
+                headers={"Authorization": "Bearer s3cret-token"},
+            )
+            await api.post(
+                "/api/events",
+                json={"type": "HEARTBEAT"},
+                headers={"Authorization": "Bearer s3cret-token"},
+            )
+            await api.get("/api/agents?token=s3cret-token")
+    lines = [r.getMessage() for r in caplog.records if r.name == "rig_conductor.access"]
+    assert [line.rsplit(" ", 1)[0] for line in lines] == [
+        "POST /api/events 202",
+        "POST /api/events 422",
+        "GET /api/agents 401",
+    ]
+    assert [r.levelname for r in caplog.records if r.name == "rig_conductor.access"] == [
+        "DEBUG",
+        "INFO",
+        "INFO",
+    ]
+    assert "s3cret" not in caplog.text and "agent-with-secret-name" not in caplog.text

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import HTTPException, Request, status
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.api.ingest import HeartbeatWriter
-from rig_conductor.reaper.schedule import ReaperService
+from rig_conductor.metrics import Metrics
 from rig_conductor.settings import Settings
+
+# Runs one scan now (after any scan in progress) and returns its report as JSON.
+ScanNow = Callable[[bool | None], Awaitable[dict[str, Any]]]
 
 
 @dataclass
@@ -20,7 +25,8 @@ class Runtime:
     redis: Redis
     engine: AsyncEngine
     heartbeats: HeartbeatWriter
-    reaper: ReaperService
+    scan: ScanNow
+    metrics: Metrics
     schema_head: str | None
 
 

@@ -18,6 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rig_conductor.api.access import AccessLog
+
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
@@ -95,6 +97,7 @@ def install(app: FastAPI) -> None:
     for error in (RedisError, SQLAlchemyError, OSError):
         app.add_exception_handler(error, _unavailable)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(AccessLog)  # added last: outermost, so it sees 413s too
 
 
 class BodyLimit:

@@ -21,7 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import reclaim
+from rig_conductor.reaper import observe
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -67,6 +69,8 @@ class ScanReport:
     no_target: int = 0
     # Planned, but acked, re-read, trimmed or claimed elsewhere before the move: left alone.
     skipped: int = 0
+    # The detector's count: consumers holding entries with no fresh heartbeat behind them.
+    without_heartbeat: int = 0
     duration_ms: int = 0
     per_group: list[GroupOutcome] = field(default_factory=list)
 
@@ -80,6 +84,7 @@ class ScanReport:
             "deadLettered": self.dead_lettered,
             "noTarget": self.no_target,
             "skipped": self.skipped,
+            "consumersWithoutHeartbeat": self.without_heartbeat,
             "dryRun": self.dry_run,
             "durationMs": self.duration_ms,
             "groupsDetail": [outcome.to_json() for outcome in self.per_group],
@@ -93,8 +98,14 @@ async def reap_once(
     settings: Settings,
     dry_run: bool | None = None,
     pods: Mapping[ConsumerName, PodState] | None = None,
+    metrics: Metrics | None = None,
+    detector: observe.Detector | None = None,
 ) -> ScanReport:
-    """Scan every group of every configured stream once. Raises on Redis or Postgres failure."""
+    """Scan every group of every configured stream once. Raises on Redis or Postgres failure.
+
+    With `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
+    `detector`, new sightings of consumers without heartbeat are logged and recorded.
+    """
     started = time.perf_counter()
     limits = settings.limits
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
@@ -122,6 +133,21 @@ async def reap_once(
             continue
         rows = await _apply(plan, redis=redis, report=report)
         await queries.append_events(engine, tenant=settings.tenant, rows=rows)
+        if metrics is not None and not report.dry_run:
+            _count(plan, rows, report.per_group[-1], metrics)
+    if (report.reclaimed or report.dead_lettered) and not report.dry_run:
+        # Gauges and the detector describe what is left after the moves.
+        groups = await redis_streams.describe_groups(redis, streams=streams)
+    report.without_heartbeat = await observe.observe(
+        groups=groups,
+        evidence=evidence,
+        limits=limits,
+        redis=redis,
+        engine=engine,
+        tenant=settings.tenant,
+        metrics=metrics,
+        watch=detector,
+    )
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     return report
 
@@ -271,6 +297,25 @@ async def _dead_letter(
             )
         )
     return rows
+
+
+def _count(
+    plan: reclaim.ReclaimPlan, rows: list[queries.EventRow], outcome: GroupOutcome, metrics: Metrics
+) -> None:
+    stream, group = plan.assessment.stream, plan.assessment.group
+    target = plan.assessment.target
+    to_agent = (target.agent if target else None) or UNKNOWN_AGENT
+    moved: dict[str, int] = {}
+    for row in rows:
+        if row.kind == "RECLAIMED":
+            from_agent = row.agent_id or UNKNOWN_AGENT
+            moved[from_agent] = moved.get(from_agent, 0) + 1
+    for from_agent, count in moved.items():
+        metrics.reclaimed.labels(stream, group, from_agent, to_agent).inc(count)
+    if outcome.dead_lettered:
+        metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
+    if outcome.no_target:
+        metrics.no_target.labels(stream, group).inc(outcome.no_target)
 
 
 def _log_no_target(plan: reclaim.ReclaimPlan) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -16,7 +17,8 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.reaper import cycle
+from rig_conductor.metrics import Metrics
+from rig_conductor.reaper import cycle, observe
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -25,10 +27,19 @@ RETENTION_FIRST_RUN = timedelta(minutes=5)
 
 
 class ReaperService:
-    def __init__(self, *, redis: Redis, engine: AsyncEngine, settings: Settings) -> None:
+    def __init__(
+        self,
+        *,
+        redis: Redis,
+        engine: AsyncEngine,
+        settings: Settings,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._redis = redis
         self._engine = engine
         self._settings = settings
+        self._metrics = metrics
+        self._detector = observe.Detector()
         self._lock = asyncio.Lock()
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self.last_report: cycle.ScanReport | None = None
@@ -71,11 +82,27 @@ class ReaperService:
     async def scan(self, *, dry_run: bool | None = None) -> cycle.ScanReport:
         """One scan now, after any scan already running. Raises what the scan raised."""
         async with self._lock:
-            report = await cycle.reap_once(
-                redis=self._redis, engine=self._engine, settings=self._settings, dry_run=dry_run
-            )
+            started = time.perf_counter()
+            try:
+                report = await cycle.reap_once(
+                    redis=self._redis,
+                    engine=self._engine,
+                    settings=self._settings,
+                    dry_run=dry_run,
+                    metrics=self._metrics,
+                    detector=self._detector,
+                )
+            except Exception:
+                self._record("error", started)
+                raise
+            self._record("ok", started)
         self.last_report = report
         return report
+
+    def _record(self, outcome: str, started: float) -> None:
+        if self._metrics is not None:
+            self._metrics.scans.labels(outcome).inc()
+            self._metrics.scan_duration.observe(time.perf_counter() - started)
 
     async def _scheduled_scan(self) -> None:
         try:

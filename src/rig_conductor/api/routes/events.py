@@ -53,6 +53,9 @@ async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> JSONResponse
             tuple(event.degraded_reasons),
         )
     )
+    rt.metrics.heartbeats.inc()
+    rt.metrics.heartbeat_age.labels(event.agent_id).set(0)
+    rt.metrics.agent_up.labels(event.agent_id).set(1)
     return JSONResponse(schemas.Accepted().model_dump(by_alias=True), status_code=202)
 
 
@@ -82,6 +85,7 @@ async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONRespo
         append=append,
     )
     if done.created:
+        rt.metrics.dispatched.labels(stream).inc()
         logger.info("Dispatched %s to %s as %s", event.issue_id, stream, done.entry_id)
     body = schemas.DispatchResult(stream=done.stream, entry_id=done.entry_id)
     return JSONResponse(body.model_dump(by_alias=True), status_code=201 if done.created else 200)

@@ -83,5 +83,4 @@ async def scan_now(
     dry_run: Annotated[bool, Query(alias="dryRun")] = False,
 ) -> schemas.ScanReportView:
     """Run one scan now (after any scan in progress) and return its report."""
-    report = await rt.reaper.scan(dry_run=dry_run)
-    return schemas.ScanReportView.model_validate(report.to_json())
+    return schemas.ScanReportView.model_validate(await rt.scan(dry_run))

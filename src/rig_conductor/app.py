@@ -1,11 +1,13 @@
-"""`create_app(settings)`: the FastAPI app whose lifespan owns the Redis client, the database
-engine, the heartbeat writer and the scheduled reaper."""
+"""`create_app(settings)`: the composition root. Puts the API routes and the scheduled reaper
+together in one FastAPI app whose lifespan owns the Redis client, the database engine, the
+heartbeat writer and the reaper. The API reaches the reaper only through `Runtime.scan`."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI
 
@@ -17,6 +19,7 @@ from rig_conductor.api import errors
 from rig_conductor.api.deps import Runtime, require_token
 from rig_conductor.api.ingest import HeartbeatWriter
 from rig_conductor.api.routes import events, health, views
+from rig_conductor.metrics import Metrics
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.settings import Settings
 
@@ -31,13 +34,18 @@ def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
         redis = redis_streams.connect(settings.redis_url)
         engine = pg.create_engine(settings.sqlalchemy_url)
         heartbeats = HeartbeatWriter(engine, tenant=settings.tenant)
-        reaper = ReaperService(redis=redis, engine=engine, settings=settings)
+        reaper = ReaperService(redis=redis, engine=engine, settings=settings, metrics=metrics)
+
+        async def scan(dry_run: bool | None) -> dict[str, Any]:
+            return (await reaper.scan(dry_run=dry_run)).to_json()
+
         app.state.runtime = Runtime(
             settings,
             redis,
             engine,
             heartbeats,
-            reaper,
+            scan,
+            metrics,
             schema_head=migrations.head_revision(settings.sqlalchemy_url),
         )
         heartbeats.start()
@@ -56,12 +64,14 @@ def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
             await engine.dispose()
             logger.info("Shut down cleanly")
 
+    metrics = Metrics()
     app = FastAPI(
         title="rig-conductor",
         version=__version__,
         description="Heartbeats, dispatch, and the reaper of stuck Redis Streams entries.",
         lifespan=lifespan,
     )
+    app.state.metrics = metrics
     app.state.tokens = tuple(t.get_secret_value().encode() for t in settings.api_tokens)
     errors.install(app)
     secured = [Depends(require_token)]

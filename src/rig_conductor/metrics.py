@@ -1,0 +1,93 @@
+"""Prometheus metrics: the contract's families, on one registry per app.
+
+Every family exists from start-up (labelled ones with no samples yet). Label values are bounded:
+stream, group and agent ids, never entry ids or pod names. A consumer that resolves to no known
+agent is counted under agent="unknown".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+UNKNOWN_AGENT = "unknown"
+# Scans run from milliseconds (a quiet fleet) to about a minute (a million-entry reclaim).
+SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.reclaimed = Counter(
+            "rig_reclaimed_entries",
+            "Pending entries moved from a dead consumer to a live one",
+            ["stream", "group", "from_agent", "to_agent"],
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "rig_dead_lettered_entries",
+            "Entries copied to <stream>:dlq and acked after too many deliveries",
+            ["stream", "group"],
+            registry=r,
+        )
+        self.no_target = Counter(
+            "rig_reclaim_no_target",
+            "Reclaimable entries left in place: no live consumer in the group",
+            ["stream", "group"],
+            registry=r,
+        )
+        self.scans = Counter("rig_reaper_scans", "Reaper scans by outcome", ["outcome"], registry=r)
+        self.scan_duration = Histogram(
+            "rig_reaper_scan_duration_seconds",
+            "Duration of reaper scans",
+            buckets=SCAN_BUCKETS,
+            registry=r,
+        )
+        self.pending = Gauge(
+            "rig_pending_entries",
+            "Pending entries per stream, group and owning agent (last scan)",
+            ["stream", "group", "agent"],
+            registry=r,
+        )
+        self.oldest_idle = Gauge(
+            "rig_pending_oldest_idle_seconds",
+            "Idle time of the oldest pending entry of a group",
+            ["stream", "group"],
+            registry=r,
+        )
+        self.heartbeat_age = Gauge(
+            "rig_agent_heartbeat_age_seconds",
+            "Seconds since the agent's last heartbeat",
+            ["agent"],
+            registry=r,
+        )
+        self.agent_up = Gauge(
+            "rig_agent_up",
+            "1 while the agent heartbeats within RIG_AGENT_DOWN_MS",
+            ["agent"],
+            registry=r,
+        )
+        self.without_heartbeat = Gauge(
+            "rig_stream_consumers_without_heartbeat",
+            "Consumers holding pending entries with no fresh heartbeat (the detector)",
+            ["stream", "group"],
+            registry=r,
+        )
+        self.heartbeats = Counter("rig_heartbeats_received", "Heartbeats accepted", registry=r)
+        self.dispatched = Counter(
+            "rig_dispatched_entries", "ISSUE_ASSIGNED entries appended", ["stream"], registry=r
+        )
+        for outcome in ("ok", "error"):
+            self.scans.labels(outcome)
+        self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
+
+    def replace(self, gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
+        """Set `gauge` to exactly `values`: label sets absent from them are removed."""
+        previous = self._label_sets.get(gauge, set())
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        for labels in previous - values.keys():
+            gauge.remove(*labels)
+        self._label_sets[gauge] = set(values)

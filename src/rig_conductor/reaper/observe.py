@@ -1,0 +1,132 @@
+"""What a scan reports besides its moves: metrics gauges and the detector's sightings.
+
+Runs after the plan is applied, from the same facts the scan fetched, plus one pipelined
+XPENDING per group for the oldest entry's idle time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import Evidence, GroupInfo, Limits
+from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
+from rig_conductor.policy import detector
+from rig_conductor.policy.liveness import age_ms, is_fresh
+
+logger = logging.getLogger(__name__)
+
+
+class Detector:
+    """Remembers the sightings of the previous scan, so each is announced once when it appears."""
+
+    def __init__(self) -> None:
+        self._current: set[tuple[str, str, str]] = set()
+
+    def update(self, sightings: list[detector.Sighting]) -> list[detector.Sighting]:
+        """Record this scan's sightings; return the ones the previous scan did not have."""
+        fresh = [s for s in sightings if s.key not in self._current]
+        self._current = {s.key for s in sightings}
+        return fresh
+
+
+async def observe(
+    *,
+    groups: list[GroupInfo],
+    evidence: Evidence,
+    limits: Limits,
+    redis: Redis,
+    engine: AsyncEngine,
+    tenant: str,
+    metrics: Metrics | None,
+    watch: Detector | None,
+) -> int:
+    """Refresh the gauges and run the detector; returns how many consumers it flags."""
+    sightings = [s for group in groups for s in detector.without_heartbeat(group, evidence, limits)]
+    if watch is not None:
+        await _announce(watch.update(sightings), engine=engine, tenant=tenant)
+    if metrics is not None:
+        await _refresh_gauges(groups, evidence, limits, sightings, redis=redis, metrics=metrics)
+    return len(sightings)
+
+
+async def _announce(new: list[detector.Sighting], *, engine: AsyncEngine, tenant: str) -> None:
+    for s in new:
+        logger.warning(
+            "[StreamDetector] Consumer %s holds %d pending entries on %s/%s with no fresh "
+            "heartbeat (agent %s)",
+            s.consumer,
+            s.pending,
+            s.stream,
+            s.group,
+            s.agent or "unknown",
+            extra={
+                "stream": s.stream,
+                "group": s.group,
+                "consumer": s.consumer,
+                "agent": s.agent,
+                "pending": s.pending,
+            },
+        )
+    rows = [
+        queries.EventRow(
+            "CONSUMER_WITHOUT_HEARTBEAT",
+            agent_id=s.agent,
+            consumer=s.consumer,
+            stream=s.stream,
+            group_name=s.group,
+            detail=json.dumps({"pending": s.pending}),
+        )
+        for s in new
+    ]
+    await queries.append_events(engine, tenant=tenant, rows=rows)
+
+
+async def _refresh_gauges(
+    groups: list[GroupInfo],
+    evidence: Evidence,
+    limits: Limits,
+    sightings: list[detector.Sighting],
+    *,
+    redis: Redis,
+    metrics: Metrics,
+) -> None:
+    busy = [g for g in groups if g.pending]
+    oldest = await redis_streams.oldest_pending_idle(
+        redis, groups=[(g.stream, g.name) for g in busy]
+    )
+    metrics.replace(
+        metrics.pending,
+        {
+            (g.stream, g.name, agent or UNKNOWN_AGENT): count
+            for g in groups
+            for agent, count in detector.pending_by_agent(g, evidence).items()
+        },
+    )
+    metrics.replace(
+        metrics.oldest_idle,
+        {
+            (g.stream, g.name): idle / 1000
+            for g, idle in zip(busy, oldest, strict=True)
+            if idle is not None
+        },
+    )
+    flagged: dict[tuple[str, ...], float] = {(g.stream, g.name): 0 for g in groups}
+    for s in sightings:
+        flagged[(s.stream, s.group)] += 1
+    metrics.replace(metrics.without_heartbeat, flagged)
+    ages: dict[tuple[str, ...], float] = {}
+    up: dict[tuple[str, ...], float] = {}
+    for agent in evidence.known_agents:
+        beat = evidence.agent_heartbeats.get(agent)
+        age = age_ms(beat, evidence.now)
+        if age is not None:
+            ages[(agent,)] = age / 1000
+        up[(agent,)] = 1.0 if is_fresh(beat, evidence.now, limits) else 0.0
+    metrics.replace(metrics.heartbeat_age, ages)
+    metrics.replace(metrics.agent_up, up)
