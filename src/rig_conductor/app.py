@@ -18,7 +18,7 @@ from rig_conductor.adapters.postgres import migrations
 from rig_conductor.api import errors
 from rig_conductor.api.deps import Runtime, require_token
 from rig_conductor.api.ingest import HeartbeatWriter
-from rig_conductor.api.routes import events, health, views
+from rig_conductor.api.routes import deadletters, events, health, views
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.settings import Settings
@@ -77,5 +77,6 @@ def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
     secured = [Depends(require_token)]
     app.include_router(events.router, prefix="/api", dependencies=secured)
     app.include_router(views.router, prefix="/api", dependencies=secured)
+    app.include_router(deadletters.router, prefix="/api", dependencies=secured)
     app.include_router(health.router)
     return app

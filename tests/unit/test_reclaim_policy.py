@@ -298,3 +298,31 @@ def test_down_reasons_are_all_reported() -> None:
         DownReason.POD_GONE,
     )
     assert verdict.last_heartbeat_at == NOW - timedelta(seconds=STALE_S)
+
+
+@pytest.mark.parametrize(
+    ("deliveries", "attempts", "expected", "count"),
+    [
+        (2, 5, "dead-letter", 5),  # the recorded attempts are the truer count
+        (5, 2, "dead-letter", 5),  # crashes before WORK_STARTED still count as deliveries
+        (2, 4, "move->b-0", None),
+        (2, None, "move->b-0", None),
+    ],
+)
+def test_dead_letter_uses_the_truer_count(
+    deliveries: int, attempts: int | None, expected: str, count: int | None
+) -> None:
+    scene = Scene(agents={"a": STALE_S, "b": FRESH_S}, consumers={"a-0": 10, "b-0": 10})
+    pending = [PendingEntry(EntryId("1-0"), ConsumerName("a-0"), STALE_MS, deliveries)]
+    group = GroupInfo(
+        StreamKey("rig:dispatch"),
+        GroupName("workers"),
+        1,
+        (ConsumerInfo(ConsumerName("a-0"), 1, 10), ConsumerInfo(ConsumerName("b-0"), 0, 10)),
+    )
+    assessment = reclaim.assess_group(group, scene.evidence(), LIMITS)
+    recorded = {EntryId("1-0"): attempts} if attempts is not None else {}
+    plan = reclaim.plan_reclaims(assessment, pending, LIMITS, recorded)
+    assert outcome(plan) == expected
+    if count is not None:
+        assert plan.dead_letters[0].deliveries == count

@@ -34,12 +34,13 @@ _GLOB_CHARS = frozenset("*?[")
 # Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
 # same consumer and still at least as idle as the scan saw it. Copies the entry with its
 # diagnostics to the DLQ stream, then XACKs it on the source.
-# KEYS: stream, dlq. ARGV: group, consumer, id, min-idle, reason.
+# KEYS: stream, dlq. ARGV: group, consumer, id, min-idle, reason, deliveries known elsewhere
+# (the recorded attempts); the DLQ's `deliveries` is the larger count.
 _DEAD_LETTER_LUA = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4],
                            ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
-local deliveries = pending[1][4]
+local deliveries = math.max(pending[1][4], tonumber(ARGV[6]))
 local fields = {'originalId', ARGV[3], 'stream', KEYS[1], 'group', ARGV[1],
                 'consumer', ARGV[2], 'deliveries', tostring(deliveries), 'reason', ARGV[5]}
 local reserved = {originalId=true, stream=true, group=true,
@@ -62,6 +63,43 @@ local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 return {dlq_id, deliveries, issue}
 """
+
+
+# Requeue one dead letter: append its original fields to its stream as a new entry and delete it
+# from the DLQ, atomically. KEYS: dlq, stream. ARGV: dlq id. Returns {new id, issueId} or nil.
+_REQUEUE_LUA = """
+local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #found == 0 then return false end
+local reserved = {originalId=true, stream=true, group=true,
+                  consumer=true, deliveries=true, reason=true}
+local fields, issue = {}, false
+local stored = found[1][2]
+for i = 1, #stored, 2 do
+  if not reserved[stored[i]] then
+    table.insert(fields, stored[i])
+    table.insert(fields, stored[i + 1])
+  end
+  if stored[i] == 'issueId' then issue = stored[i + 1] end
+end
+if #fields == 0 then fields = {'requeuedFrom', ARGV[1]} end
+local new_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
+redis.call('XDEL', KEYS[1], ARGV[1])
+return {new_id, issue}
+"""
+_DIAGNOSTICS = ("originalId", "stream", "group", "consumer", "deliveries", "reason")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One entry of a `<stream>:dlq`: the diagnostics and the original fields."""
+
+    dlq_id: str
+    original_id: str
+    group: str
+    consumer: str
+    deliveries: int
+    reason: str
+    fields: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +286,7 @@ async def dead_letter(
         for entry in entries:
             await script(
                 keys=[stream, dlq_key(stream)],
-                args=[group, entry.consumer, entry.id, entry.idle_ms, reason],
+                args=[group, entry.consumer, entry.id, entry.idle_ms, reason, entry.deliveries],
                 client=pipe,
             )
         replies = await pipe.execute()
@@ -282,3 +320,34 @@ async def oldest_pending_idle(
         int(reply[0]["time_since_delivered"]) if isinstance(reply, list) and reply else None
         for reply in replies
     ]
+
+
+async def list_dead_letters(client: Redis, *, stream: StreamKey, count: int) -> list[DeadLetter]:
+    """The newest `count` dead letters of `stream`."""
+    rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(dlq_key(stream), count=count)  # type: ignore[assignment]
+    letters: list[DeadLetter] = []
+    for dlq_id, fields in rows:
+        letters.append(
+            DeadLetter(
+                dlq_id=dlq_id,
+                original_id=fields.get("originalId", ""),
+                group=fields.get("group", ""),
+                consumer=fields.get("consumer", ""),
+                deliveries=int(fields.get("deliveries") or 0),
+                reason=fields.get("reason", ""),
+                fields={k: v for k, v in fields.items() if k not in _DIAGNOSTICS},
+            )
+        )
+    return letters
+
+
+async def requeue(
+    client: Redis, *, stream: StreamKey, dlq_id: str
+) -> tuple[str, str | None] | None:
+    """Put a dead letter back on its stream as a new entry; None when there is no such letter."""
+    script = client.register_script(_REQUEUE_LUA)
+    reply = await script(keys=[dlq_key(stream), stream], args=[dlq_id])
+    if not reply:
+        return None
+    new_id, issue = reply
+    return str(new_id), (str(issue) if issue else None)

@@ -111,6 +111,28 @@ class ScanReportView(Wire):
     duration_ms: int
 
 
+class DeadLetterView(Wire):
+    stream: str
+    dlq_id: str
+    original_id: str
+    group: str
+    consumer: str
+    deliveries: int
+    reason: str
+    fields: dict[str, str]
+
+
+class RequeueRequest(Wire):
+    stream: Name
+    dlq_id: EntryIdField
+
+
+class Requeued(Wire):
+    stream: str
+    entry_id: str
+    dlq_id: str
+
+
 class FieldProblem(Wire):
     field: str
     message: str

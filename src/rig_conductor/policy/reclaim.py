@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from rig_conductor.domain import (
     ConsumerName,
+    EntryId,
     Evidence,
     GroupInfo,
     GroupName,
@@ -78,12 +79,21 @@ def pick_target(group: GroupInfo, evidence: Evidence, limits: Limits) -> TargetC
 
 
 def plan_reclaims(
-    assessment: GroupAssessment, entries: Iterable[PendingEntry], limits: Limits
+    assessment: GroupAssessment,
+    entries: Iterable[PendingEntry],
+    limits: Limits,
+    attempts: Mapping[EntryId, int] | None = None,
 ) -> ReclaimPlan:
-    """Rules 4 and 7 for each entry: reclaim only from a down owner, dead-letter the worn out.
+    """Rules 4 and 7 for each entry: reclaim only from a down owner, dead-letter the worn out
+    (dead letters carry the count that decided it).
 
+    An entry is worn out when the truer of its two counts has reached RIG_MAX_DELIVERIES: the
+    Redis delivery count, or the attempts recorded in PostgreSQL (`attempts`, which need only
+    hold the entries with many). A crash before WORK_STARTED still counts as a delivery; an
+    attempt still counts if something reset the delivery count.
     The target is never an entry's owner: owners here are down and targets are not.
     """
+    recorded = attempts or {}
     down = assessment.down
     stale_ms = limits.entry_stale_ms
     max_deliveries = limits.max_deliveries
@@ -97,8 +107,9 @@ def plan_reclaims(
             continue  # the owner is alive (or unknown): its entries are its own business
         if entry.idle_ms < stale_ms and not verdict.pod_gone:
             continue  # fresh: the owner may still be working on it
-        if entry.deliveries >= max_deliveries:
-            dead.append(entry)
+        count = max(entry.deliveries, recorded.get(entry.id, 0))
+        if count >= max_deliveries:
+            dead.append(entry._replace(deliveries=count))
         elif has_target:
             moves.append(entry)
         else:

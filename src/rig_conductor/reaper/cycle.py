@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.domain import ConsumerName, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import reclaim
@@ -128,11 +128,14 @@ async def reap_once(
             group=group.name,
             min_idle_ms={c: assessment.min_idle_ms(c, limits) for c in assessment.down},
         )
-        plan = reclaim.plan_reclaims(assessment, entries, limits)
+        attempts = await work.worn_attempts(
+            engine, tenant=settings.tenant, stream=group.stream, at_least=limits.max_deliveries
+        )
+        plan = reclaim.plan_reclaims(assessment, entries, limits, attempts)
         if plan.empty:
             continue
         rows = await _apply(plan, redis=redis, report=report)
-        await queries.append_events(engine, tenant=settings.tenant, rows=rows)
+        await _record(plan, rows, engine=engine, tenant=settings.tenant)
         if metrics is not None and not report.dry_run:
             _count(plan, rows, report.per_group[-1], metrics)
     if (report.reclaimed or report.dead_lettered) and not report.dry_run:
@@ -297,6 +300,26 @@ async def _dead_letter(
             )
         )
     return rows
+
+
+async def _record(
+    plan: reclaim.ReclaimPlan, rows: list[queries.EventRow], *, engine: AsyncEngine, tenant: str
+) -> None:
+    """The event log, and the assignment rows: moved entries get a new attempt (fencing the old
+    owner off), dead letters are marked dead."""
+    await queries.append_events(engine, tenant=tenant, rows=rows)
+    stream, target = plan.assessment.stream, plan.assessment.target
+    moved = [row.entry_id for row in rows if row.kind == "RECLAIMED" and row.entry_id]
+    if moved and target is not None:
+        await work.reclaimed(
+            engine, tenant=tenant, stream=stream, consumer=target.consumer, entry_ids=moved
+        )
+    dead = [
+        (row.entry_id, row.issue_id, json.loads(row.detail)["deliveries"])
+        for row in rows
+        if row.kind == "DEAD_LETTERED" and row.entry_id
+    ]
+    await work.dead_lettered(engine, tenant=tenant, stream=stream, entries=dead)
 
 
 def _count(

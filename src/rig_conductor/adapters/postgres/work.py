@@ -4,15 +4,16 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import select, text, update
+from sqlalchemy import ARRAY, Text, any_, bindparam, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events
+from rig_conductor.domain import EntryId
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,11 @@ _START = text(
     INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt)
     VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer, 1)
     ON CONFLICT (tenant, stream, entry_id) DO UPDATE
-       SET attempt = a.attempt + 1, state = 'running', consumer = EXCLUDED.consumer,
+       -- A reclaim reserved attempt n for its target (state 'pending'): the target's start takes
+       -- it rather than skipping a number; any other start opens the next attempt.
+       SET attempt = CASE WHEN a.state = 'pending' AND a.consumer = EXCLUDED.consumer
+                          THEN a.attempt ELSE a.attempt + 1 END,
+           state = 'running', consumer = EXCLUDED.consumer,
            issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
      WHERE a.state NOT IN ('done', 'dead')
        AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
@@ -185,3 +190,73 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
             )
         )
     return outcome
+
+
+async def worn_attempts(
+    engine: AsyncEngine, *, tenant: str, stream: str, at_least: int
+) -> dict[EntryId, int]:
+    """Entries of `stream` not yet finished whose recorded attempts reached `at_least`."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(assignments.c.entry_id, assignments.c.attempt).where(
+                assignments.c.tenant == tenant,
+                assignments.c.stream == stream,
+                assignments.c.attempt >= at_least,
+                assignments.c.state.notin_(("done", "dead")),
+            )
+        )
+        return {EntryId(entry_id): attempt for entry_id, attempt in rows}
+
+
+async def reclaimed(
+    engine: AsyncEngine, *, tenant: str, stream: str, consumer: str, entry_ids: Sequence[str]
+) -> None:
+    """A reclaim opens a new attempt reserved for the target: the old owner is fenced off now,
+    before the target even starts. Entries nobody reported on have no row and need none."""
+    if not entry_ids:
+        return
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(assignments)
+            .where(
+                assignments.c.tenant == tenant,
+                assignments.c.stream == stream,
+                assignments.c.entry_id == any_(bindparam("ids", type_=ARRAY(Text))),
+                assignments.c.state.notin_(("done", "dead")),
+            )
+            .values(
+                attempt=assignments.c.attempt + 1,
+                state="pending",
+                consumer=consumer,
+                updated_at=func.now(),
+            ),
+            {"ids": list(entry_ids)},
+        )
+
+
+async def dead_lettered(
+    engine: AsyncEngine, *, tenant: str, stream: str, entries: Sequence[tuple[str, str | None, int]]
+) -> None:
+    """Mark (entry id, issue id, deliveries) dead: no later report revives them."""
+    if not entries:
+        return
+    async with engine.begin() as conn:
+        statement = insert(assignments).values(
+            [
+                {
+                    "tenant": tenant,
+                    "stream": stream,
+                    "entry_id": entry_id,
+                    "issue_id": issue_id,
+                    "state": "dead",
+                    "attempt": max(deliveries, 1),
+                }
+                for entry_id, issue_id, deliveries in entries
+            ]
+        )
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["tenant", "stream", "entry_id"],
+                set_={"state": "dead", "updated_at": func.now()},
+            )
+        )
