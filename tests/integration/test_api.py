@@ -199,6 +199,17 @@ async def test_failed_append_leaves_nothing_that_blocks_a_retry(
             },
             "attempt",
         ),
+        ({"type": "HEARTBEAT", "agentId": "a\x00b"}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": "a", "degradedReasons": ["\ud800"]}, "degradedReasons.0"),
+        (
+            {
+                "type": "WORK_STARTED",
+                "agentId": "a",
+                "stream": "s",
+                "entryId": "99999999999999999999-0",
+            },
+            "entryId",
+        ),
         ({"type": "NOPE"}, "body"),
         ({"agentId": "a"}, "body"),
         ([1, 2], "body"),
@@ -207,7 +218,10 @@ async def test_failed_append_leaves_nothing_that_blocks_a_retry(
 async def test_bad_events_answer_422_naming_the_field(
     api: httpx.AsyncClient, body: Any, field: str, redis: Redis
 ) -> None:
-    answer = await api.post("/api/events", json=body)
+    # ASCII-escaped JSON, so lone surrogates travel as \\udXXX escapes.
+    answer = await api.post(
+        "/api/events", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
     assert answer.status_code == 422
     assert answer.json()["detail"].startswith(f"{field}: ")
     assert answer.json()["errors"][0]["field"] == field

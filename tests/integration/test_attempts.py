@@ -151,3 +151,10 @@ async def test_dead_letters_are_listed_and_requeued(
             await conn.execute(select(events).where(events.c.kind == "DEAD_LETTER_REQUEUED"))
         ).one()
     assert (row.entry_id, row.issue_id, row.detail) == (new_id, "rc-1", {"dlqId": letter["dlqId"]})
+
+
+async def test_requeue_rejects_an_impossible_id(api: httpx.AsyncClient) -> None:
+    answer = await api.post(
+        "/api/deadletters/requeue", json={"stream": S, "dlqId": "30842803941948955020-5"}
+    )
+    assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "dlqId"

@@ -5,12 +5,43 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+)
 from pydantic.alias_generators import to_camel
 
+_U64 = 2**64
+
+
+def _storable(value: str) -> str:
+    """Text PostgreSQL can store: no NUL character, no lone surrogate."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (lone surrogate)") from None
+    return value
+
+
+def _stream_id(value: str) -> str:
+    milliseconds, sequence = (int(part) for part in value.split("-"))
+    if milliseconds >= _U64 or sequence >= _U64:
+        raise ValueError("is not a Redis stream id: both parts must be below 2^64")
+    return value
+
+
 # Strict types: a number where a string belongs is a 422, not silently converted.
-Name = Annotated[StrictStr, Field(min_length=1, max_length=256)]
-EntryIdField = Annotated[StrictStr, Field(pattern=r"^\d{1,20}-\d{1,20}$", max_length=41)]
+Name = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+EntryIdField = Annotated[
+    StrictStr, Field(pattern=r"^\d{1,20}-\d{1,20}$", max_length=41), AfterValidator(_stream_id)
+]
 
 
 class Wire(BaseModel):
@@ -41,7 +72,7 @@ class WorkEvent(Wire):
     consumer: Name | None = None
     issue_id: Name | None = None
     attempt: Annotated[StrictInt, Field(ge=1)] | None = None
-    error: Annotated[StrictStr, Field(max_length=4096)] | None = None
+    error: Annotated[StrictStr, Field(max_length=4096), AfterValidator(_storable)] | None = None
 
 
 Event = Annotated[HeartbeatEvent | IssueAssignedEvent | WorkEvent, Field(discriminator="type")]
