@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
         "--keep-running", action="store_true", help="keep the conductor serving after the story"
     )
     demo.set_defaults(command=_demo)
+
+    from rig_conductor.agent import cli as agent_cli
+
+    agent_cli.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,115 @@
+"""The agent's settings, read from RIG_* environment variables (and an optional .env).
+
+Built once by the agent's CLI and passed down. Only what a worker pod needs: no database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import httpx
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rig_conductor.settings import ENV_PREFIX, SettingsError
+
+# Never echoed back in an error or the start-up line: they may carry credentials.
+_SECRET_FIELDS = frozenset({"redis_url", "api_token"})
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class AgentSettings(BaseSettings):
+    """RIG_* variables of the contract's "Agent runtime" section, validated at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        extra="ignore",
+        frozen=True,
+    )
+
+    redis_url: str = "redis://localhost:6379/0"
+    conductor_url: str = "http://localhost:8080"
+    api_token: SecretStr | None = None
+    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    # How often the agent re-reads its own pending list (where reclaimed entries land).
+    scan_interval_s: float = Field(default=60.0, gt=0)
+    max_deliveries: int = Field(default=5, ge=1)
+    dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(_REDIS_SCHEMES):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("conductor_url")
+    @classmethod
+    def _conductor_url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+        except httpx.InvalidURL:
+            raise ValueError("is not a URL") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value.rstrip("/")
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _blank_token(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @property
+    def token(self) -> str | None:
+        return self.api_token.get_secret_value().strip() if self.api_token else None
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        """Lifetime of the consumer-name lease: three heartbeats, so one late renewal is fine."""
+        return max(1, round(self.heartbeat_interval_s * 3000))
+
+    def describe(self) -> dict[str, object]:
+        """The effective configuration for the start-up log line, secrets masked."""
+        shown: dict[str, object] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name == "api_token":
+                value = "<set>" if value else None
+            elif name in _SECRET_FIELDS:
+                value = _mask_url(str(value))
+            shown[ENV_PREFIX + name.upper()] = value
+        return shown
+
+
+def _mask_url(value: str) -> str:
+    scheme, sep, rest = value.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at:
+        return value
+    user = userinfo.partition(":")[0]
+    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
+
+
+def load_agent_settings(**overrides: Any) -> AgentSettings:
+    """Read the environment; raise SettingsError with one line naming the variable."""
+    try:
+        return AgentSettings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(explain(exc)) from None
+
+
+def explain(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    field = str(error["loc"][0]) if error["loc"] else "?"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    variable = ENV_PREFIX + field.upper()
+    if field in _SECRET_FIELDS or "input" not in error:
+        return f"{variable}: {message}"
+    return f"{variable}: {message} (got {error['input']!r})"

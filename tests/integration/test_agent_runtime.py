@@ -1,0 +1,536 @@
+"""The agent runtime against a real Redis, a real PostgreSQL and a real conductor (uvicorn,
+in-process). Agents run in-process, or as real processes where signals and exit codes matter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.agent import Entry, run_agent, staging
+from rig_conductor.agent.conductor import ConductorClient
+from rig_conductor.agent.runtime import Agent, lease_key
+from rig_conductor.agent.settings import AgentSettings
+from rig_conductor.app import create_app
+from rig_conductor.settings import Settings
+
+from .helpers import free_port, wait_for
+
+S, G = "rig:dispatch", "builders"
+AGENT = "dev-e"
+ME = "dev-e-agent-0"
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # leave the test process's signals alone
+        yield
+
+
+@pytest.fixture
+async def conductor(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> AsyncIterator[str]:
+    """A real conductor on a free port; the reaper only runs through /api/reaper/scan."""
+    port = free_port()
+    settings = make_settings(
+        streams=(S,),
+        dispatch_stream=S,
+        agent_ids=(AGENT, "qa-e"),
+        entry_stale_ms=0,
+        max_deliveries=2,
+    )
+    config = uvicorn.Config(
+        create_app(settings, schedule_reaper=False),
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve())
+    await wait_for(lambda: server.started or serving.done(), within=15)
+    assert not serving.done(), "the conductor did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+@pytest.fixture
+def settings(redis_url: str, conductor: str) -> Callable[..., AgentSettings]:
+    def build(**overrides: Any) -> AgentSettings:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "conductor_url": conductor,
+            "heartbeat_interval_s": 0.3,
+            "scan_interval_s": 60,
+            "max_deliveries": 2,
+            "dispatch_stream": S,
+        }
+        values.update(overrides)
+        return AgentSettings(**values)
+
+    return build
+
+
+@contextlib.asynccontextmanager
+async def running(
+    handler: Callable[[Entry], Any], settings: AgentSettings, *, consumer: str = ME
+) -> AsyncIterator[asyncio.Task[None]]:
+    """run_agent in a task; stopped (gracefully) and awaited on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_agent(
+            handler,
+            agent_id=AGENT,
+            group=G,
+            settings=settings,
+            consumer=consumer,
+            stop=stop,
+            block_ms=100,
+        )
+    )
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def dispatch(conductor: str, issue: str) -> str:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        answer = await api.post(
+            "/api/events",
+            json={"type": "ISSUE_ASSIGNED", "issueId": issue, "agentId": AGENT, "payload": {}},
+        )
+        assert answer.status_code == 201, answer.text
+        entry_id: str = answer.json()["entryId"]
+        return entry_id
+
+
+async def post(conductor: str, **event: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        return await api.post("/api/events", json=event)
+
+
+async def pending(redis: Redis, consumer: str | None = None) -> dict[str, int]:
+    """entry id -> delivery count, for the group's (or one consumer's) pending list."""
+    rows = await redis.xpending_range(S, G, min="-", max="+", count=1000, consumername=consumer)
+    return {row["message_id"]: row["times_delivered"] for row in rows}
+
+
+async def heard_from(conductor: str, consumer: str) -> bool:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        agents = (await api.get("/api/agents")).json()
+    return any(consumer in agent["consumers"] for agent in agents)
+
+
+async def drained(redis: Redis) -> bool:
+    return await pending(redis) == {}
+
+
+async def assignment(engine: AsyncEngine, entry_id: str) -> tuple[str, int] | None:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(assignments.c.state, assignments.c.attempt).where(
+                    assignments.c.entry_id == entry_id
+                )
+            )
+        ).first()
+    return (row.state, row.attempt) if row else None
+
+
+async def work_events(
+    engine: AsyncEngine, entry_id: str
+) -> list[tuple[str, int | None, bool, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(events.c.kind, events.c.attempt, events.c.fenced, events.c.detail)
+            .where(events.c.entry_id == entry_id, events.c.kind.like("WORK_%"))
+            .order_by(events.c.id)
+        )
+        return [(r.kind, r.attempt, r.fenced, r.detail) for r in rows]
+
+
+async def group_exists(redis: Redis) -> None:
+    with contextlib.suppress(Exception):
+        await redis.xgroup_create(S, G, id="0", mkstream=True)
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob(".*.tmp"))
+
+
+async def test_group_is_created_lazily_and_the_consumer_registered_before_any_read(
+    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    await redis.xadd(S, {"type": "ISSUE_ASSIGNED", "issueId": "rc-0"})
+    client = ConductorClient(base_url=conductor, agent_id=AGENT, consumer=ME)
+    agent = Agent(
+        lambda entry: None,
+        settings=settings(),
+        agent_id=AGENT,
+        group=G,
+        stream=S,
+        consumer=ME,
+        redis=redis,
+        conductor=client,
+        start_id="$",
+    )
+    try:
+        await agent._join_group()  # what run() does first, before reading
+        await agent._join_group()  # BUSYGROUP the second time: fine
+    finally:
+        await client.aclose()
+    (group,) = await redis.xinfo_groups(S)
+    assert group["name"] == G
+    assert group["last-delivered-id"] == (await redis.xinfo_stream(S))["last-generated-id"]
+    consumers = await redis.xinfo_consumers(S, G)
+    assert [c["name"] for c in consumers] == [ME]
+    assert consumers[0]["pending"] == 0
+
+    # And with no stream at all, MKSTREAM creates it; start id 0 by default.
+    await redis.delete(S)
+    async with running(lambda entry: None, settings()):
+        await wait_for(lambda: redis.exists(S))
+        await wait_for(lambda: redis.xinfo_consumers(S, G))
+    assert [c["name"] for c in await redis.xinfo_consumers(S, G)] == [ME]
+
+
+async def test_an_entry_is_started_handled_completed_and_acked(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
+    tmp_path: Path,
+) -> None:
+    seen: list[Entry] = []
+
+    def handle(entry: Entry) -> None:  # sync: runs in a thread
+        seen.append(entry)
+        entry.stage(tmp_path / "out" / f"{entry.fields['issueId']}.txt").write_text("built")
+
+    entry_id = await dispatch(conductor, "rc-1")
+    async with running(handle, settings()):
+        await wait_for(lambda: assignment(engine, entry_id))
+        await wait_for(lambda: (tmp_path / "out" / "rc-1.txt").exists())
+        await wait_for(lambda: drained(redis))
+    (entry,) = seen
+    assert (entry.id, entry.stream, entry.group, entry.consumer, entry.attempt) == (
+        entry_id,
+        S,
+        G,
+        ME,
+        1,
+    )
+    assert entry.fields["issueId"] == "rc-1" and entry.issue_id == "rc-1"
+    assert (tmp_path / "out" / "rc-1.txt").read_text() == "built"
+    assert leftovers(tmp_path) == []
+    assert await assignment(engine, entry_id) == ("done", 1)
+    kinds = [
+        (kind, attempt, fenced) for kind, attempt, fenced, _ in await work_events(engine, entry_id)
+    ]
+    assert kinds == [("WORK_STARTED", 1, False), ("WORK_COMPLETED", 1, False)]
+    assert not await redis.exists(staging.intent_key(S, entry_id))
+
+
+async def test_a_handler_that_raises_leaves_the_entry_pending_and_reports_work_failed(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
+    tmp_path: Path,
+) -> None:
+    async def handle(entry: Entry) -> None:  # async handler
+        entry.stage(tmp_path / "half.txt").write_text("half")
+        raise ValueError("the build broke")
+
+    entry_id = await dispatch(conductor, "rc-2")
+    async with running(handle, settings()):
+
+        async def failed() -> bool:
+            return any(kind == "WORK_FAILED" for kind, *_ in await work_events(engine, entry_id))
+
+        await wait_for(failed)
+    assert await pending(redis, ME) == {entry_id: 1}
+    assert await assignment(engine, entry_id) == ("failed", 1)
+    *_, (kind, attempt, fenced, detail) = await work_events(engine, entry_id)
+    assert (kind, attempt, fenced) == ("WORK_FAILED", 1, False)
+    assert detail == {"error": "ValueError: the build broke"}
+    assert not (tmp_path / "half.txt").exists() and leftovers(tmp_path) == []
+
+
+async def test_an_entry_reclaimed_into_its_pending_list_is_picked_up_by_the_periodic_read(
+    redis: Redis, engine: AsyncEngine, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    handled: list[str] = []
+    # A consumer that died holding an entry: the reaper will move it to the agent.
+    second = await dispatch(conductor, "rc-4")
+    await group_exists(redis)
+    await redis.xreadgroup(G, "qa-e-dead", {S: ">"}, count=1)
+    async with running(lambda entry: handled.append(entry.id), settings(scan_interval_s=1.0)):
+        first = await dispatch(conductor, "rc-3")
+        await wait_for(lambda: handled == [first])  # read as new: the start-up pass is over
+        await redis.xclaim(S, G, ME, min_idle_time=0, message_ids=[second], justid=True)
+        await wait_for(lambda: handled == [first, second], within=10)
+        await wait_for(lambda: drained(redis))
+    assert await assignment(engine, second) == ("done", 1)
+
+
+async def test_a_worn_out_entry_is_dead_lettered_like_the_reaper_does_and_not_handled(
+    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    handled: list[str] = []
+    worn = await dispatch(conductor, "rc-5")
+    twin = await dispatch(conductor, "rc-6")
+    await group_exists(redis)
+    # Two deliveries each (RIG_MAX_DELIVERIES=2): `worn` sits with the agent, `twin` with a dead
+    # consumer of an agent that never heartbeats, for the reaper.
+    await redis.xreadgroup(G, "qa-e-dead", {S: ">"}, count=2)
+    await redis.xreadgroup(G, "qa-e-dead", {S: "0"}, count=2)
+    await redis.xclaim(S, G, ME, min_idle_time=0, message_ids=[worn], justid=True)
+    assert await pending(redis) == {worn: 2, twin: 2}
+
+    async with running(lambda entry: handled.append(entry.id), settings()):
+        await wait_for(lambda: redis.xlen(f"{S}:dlq"))
+        await wait_for(lambda: heard_from(conductor, ME))  # the reaper's target
+        async with httpx.AsyncClient(base_url=conductor) as api:
+            report = (await api.post("/api/reaper/scan", params={"dryRun": "false"})).json()
+        assert report["deadLettered"] == 1
+    assert handled == []
+    assert await pending(redis) == {}
+    by_agent, by_reaper = [fields for _, fields in await redis.xrange(f"{S}:dlq")]
+    assert by_agent["originalId"] == worn and by_reaper["originalId"] == twin
+    assert set(by_agent) == set(by_reaper)
+    assert by_agent["reason"] == by_reaper["reason"] == "max-deliveries"
+    assert (by_agent["stream"], by_agent["group"], by_agent["consumer"]) == (S, G, ME)
+    assert by_agent["deliveries"] == "3"  # the two before, and the read that found it worn out
+    assert by_agent["issueId"] == "rc-5" and by_agent["type"] == "ISSUE_ASSIGNED"
+
+
+async def test_a_trimmed_entry_is_dead_lettered_with_reason_trimmed(
+    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    handled: list[str] = []
+    gone = await dispatch(conductor, "rc-7")
+    await group_exists(redis)
+    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    await redis.xdel(S, gone)
+    async with running(lambda entry: handled.append(entry.id), settings()):
+        await wait_for(lambda: redis.xlen(f"{S}:dlq"))
+    assert handled == []
+    assert await pending(redis) == {}
+    ((_, fields),) = await redis.xrange(f"{S}:dlq")
+    assert fields["originalId"] == gone and fields["consumer"] == ME
+    assert fields["reason"].startswith("trimmed")
+
+
+async def test_a_fenced_completion_neither_renames_nor_acks(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
+    tmp_path: Path,
+) -> None:
+    inside, release = asyncio.Event(), asyncio.Event()
+    final = tmp_path / "report.txt"
+
+    async def handle(entry: Entry) -> None:
+        entry.stage(final).write_text(f"attempt {entry.attempt}")
+        inside.set()
+        await release.wait()
+
+    entry_id = await dispatch(conductor, "rc-8")
+    async with running(handle, settings()):
+        await asyncio.wait_for(inside.wait(), 10)
+        # Meanwhile another consumer (it got the entry reclaimed) starts a newer attempt.
+        newer = await post(
+            conductor,
+            type="WORK_STARTED",
+            agentId="qa-e",
+            consumer="qa-e-0",
+            stream=S,
+            entryId=entry_id,
+        )
+        assert newer.json() == {"attempt": 2}
+        release.set()
+
+        async def fenced() -> bool:
+            return any(f for kind, _, f, _ in await work_events(engine, entry_id))
+
+        await wait_for(fenced)
+        await asyncio.sleep(0.3)
+    assert not final.exists() and leftovers(tmp_path) == []
+    assert await pending(redis, ME) == {entry_id: 1}
+    assert await assignment(engine, entry_id) == ("running", 2)
+    assert not await redis.exists(staging.intent_key(S, entry_id))
+    assert (await work_events(engine, entry_id))[-1][:3] == ("WORK_COMPLETED", 1, True)
+
+
+async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_runtime(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
+    tmp_path: Path,
+) -> None:
+    """A process got its WORK_COMPLETED accepted and died before renaming; an older attempt
+    also left its staged file behind. The runtime that sees the entry next commits the
+    accepted attempt's file, removes the other, and acks without running the handler."""
+    handled: list[str] = []
+    final = tmp_path / "result.txt"
+    entry_id = await dispatch(conductor, "rc-9")
+    await group_exists(redis)
+    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    report = {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+    for attempt in (1, 2):
+        started = await post(conductor, type="WORK_STARTED", **report)
+        assert started.json() == {"attempt": attempt}
+        tmp = staging.temp_path(final, entry_id=entry_id, attempt=attempt)
+        tmp.write_text(f"attempt {attempt}")
+        files = (staging.StagedFile(tmp, final),)
+        await staging.record_intent(
+            redis, stream=S, entry_id=entry_id, attempt=attempt, files=files
+        )
+    accepted = await post(conductor, type="WORK_COMPLETED", attempt=2, **report)
+    assert accepted.status_code == 202
+    assert not final.exists()
+
+    async with running(lambda entry: handled.append(entry.id), settings()):
+        await wait_for(lambda: drained(redis))
+    assert handled == []
+    assert final.read_text() == "attempt 2"
+    assert leftovers(tmp_path) == []
+    assert not await redis.exists(staging.intent_key(S, entry_id))
+    assert await assignment(engine, entry_id) == ("done", 2)
+
+    # Idempotent: a second recovery of the same commit changes nothing.
+    assert staging.commit(files) == staging.Committed(already=1)
+
+
+async def test_a_dead_predecessors_lease_is_waited_out(
+    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    handled: list[str] = []
+    entry_id = await dispatch(conductor, "rc-10")
+    await redis.set(lease_key(S, G, ME), "crashed-instance", px=800)
+    async with running(lambda entry: handled.append(entry.id), settings()):
+        await wait_for(lambda: handled == [entry_id])
+        assert await redis.get(lease_key(S, G, ME)) not in (None, "crashed-instance")
+    assert await redis.get(lease_key(S, G, ME)) is None  # released on a clean stop
+
+
+# Real processes: exit codes, signals, two processes with one CONSUMER_ID.
+
+HANDLERS = """
+import pathlib, time
+
+def slow(entry):
+    out = pathlib.Path(__file__).parent
+    (out / f"started-{entry.fields['issueId']}").write_text(str(entry.attempt))
+    time.sleep(1.5)
+    entry.stage(out / f"done-{entry.fields['issueId']}.txt").write_text("finished")
+"""
+
+
+def spawn(
+    redis_url: str, conductor: str, cwd: Path, consumer: str, **env: str
+) -> subprocess.Popen[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment.update(
+        RIG_REDIS_URL=redis_url,
+        RIG_CONDUCTOR_URL=conductor,
+        RIG_HEARTBEAT_INTERVAL_S="0.3",
+        RIG_SCAN_INTERVAL_S="60",
+        CONSUMER_ID=consumer,
+        **env,
+    )
+    module = (cwd / "handlers.py").name.removesuffix(".py")
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rig_conductor.agent.cli",
+            "--agent-id",
+            AGENT,
+            "--group",
+            G,
+            "--stream",
+            S,
+            "--handler",
+            f"{module}:slow",
+        ],
+        cwd=cwd,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def finish(process: subprocess.Popen[str], within: float = 20) -> tuple[int, str]:
+    _, stderr = await asyncio.to_thread(process.communicate, timeout=within)
+    return process.returncode, stderr
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "handlers.py").write_text(textwrap.dedent(HANDLERS))
+    return tmp_path
+
+
+async def test_a_second_process_with_the_same_consumer_id_is_refused(
+    redis: Redis, redis_url: str, conductor: str, workdir: Path
+) -> None:
+    name = f"dev-e-{uuid.uuid4().hex[:6]}"
+    first = spawn(redis_url, conductor, workdir, name)
+    try:
+        await wait_for(lambda: redis.exists(lease_key(S, G, name)), within=20)
+        second = spawn(redis_url, conductor, workdir, name)
+        code, stderr = await finish(second)
+        assert code == 2, stderr
+        assert "consumer name in use by another live process" in stderr
+        assert "Traceback" not in stderr
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGTERM)
+        code, stderr = await finish(first)
+    assert code == 0, stderr
+
+
+async def test_sigterm_finishes_the_current_entry_and_exits_0(
+    redis: Redis, engine: AsyncEngine, redis_url: str, conductor: str, workdir: Path
+) -> None:
+    entry_id = await dispatch(conductor, "rc-11")
+    agent = spawn(redis_url, conductor, workdir, "dev-e-sigterm")
+    try:
+        await wait_for(lambda: (workdir / "started-rc-11").exists(), within=20)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        code, stderr = await finish(agent)
+    assert code == 0, stderr
+    assert (workdir / "done-rc-11.txt").read_text() == "finished"
+    assert await pending(redis) == {}
+    assert await assignment(engine, entry_id) == ("done", 1)
+    assert f"Entry {entry_id} (issue rc-11, attempt 1): completed" in stderr
+    assert "SIGTERM received" in stderr and "Traceback" not in stderr
