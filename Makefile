@@ -33,8 +33,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy src
 
+## Benchmarks: each prints its ratios against baselines measured in the same run.
 bench: install
 	$(BIN)/python bench/reclaim.py
+	$(BIN)/python bench/ingest.py
 
 ## Helm chart and Dockerfile checks with the real helm, kubernetes-validate and hadolint.
 chart:

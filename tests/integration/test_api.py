@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import migrations, queries
 from rig_conductor.adapters.postgres.tables import dispatches, events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
@@ -404,7 +404,7 @@ async def test_scan_on_demand_moves_stale_entries(
 
 
 async def test_readyz_knows_an_unmigrated_schema(
-    build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine
+    build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine, database_url: str
 ) -> None:
     async for api in _client(build()):
         assert (await api.get("/readyz")).json() == {
@@ -420,7 +420,10 @@ async def test_readyz_knows_an_unmigrated_schema(
             )
         finally:
             async with engine.begin() as conn:
-                await conn.execute(text("UPDATE alembic_version SET version_num = '0002'"))
+                await conn.execute(
+                    text("UPDATE alembic_version SET version_num = :head"),
+                    {"head": migrations.head_revision(database_url)},
+                )
 
 
 async def test_openapi_describes_the_api(api: httpx.AsyncClient) -> None:

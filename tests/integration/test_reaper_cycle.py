@@ -77,15 +77,23 @@ async def test_reclaims_stale_entries_of_a_silent_agent(
         for i in ids[:3]
     ]
     async with engine.connect() as conn:
-        rows = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).all()
-    assert sorted(r.entry_id for r in rows) == ids[:3]
-    assert {(r.agent_id, r.consumer, r.stream, r.group_name) for r in rows} == {
-        ("review-e-codex", "review-e-codex-rig-agent-runtime-0", S, G)
+        [row] = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).all()
+    # One row per batch moved together, the batch's ids in entry_ids.
+    assert sorted(row.entry_ids) == ids[:3]
+    assert (row.agent_id, row.consumer, row.stream, row.group_name, row.entry_id) == (
+        "review-e-codex",
+        "review-e-codex-rig-agent-runtime-0",
+        S,
+        G,
+        None,
+    )
+    assert row.detail == {
+        "toConsumer": "review-e-rig-agent-runtime-0",
+        "toAgent": "review-e",
+        "reasons": ["agent-never-heartbeated"],
+        "lastHeartbeatAt": None,
+        "count": 3,
     }
-    assert rows[0].detail["toConsumer"] == "review-e-rig-agent-runtime-0"
-    assert rows[0].detail["toAgent"] == "review-e"
-    assert rows[0].detail["reasons"] == ["agent-never-heartbeated"]
-    assert rows[0].detail["idleMs"] >= STALE_MS
 
 
 async def test_a_second_scan_finds_nothing_to_do(

@@ -18,6 +18,7 @@ from rig_conductor.domain import (
     StreamKey,
 )
 from rig_conductor.policy.detector import pending_by_agent, without_heartbeat
+from rig_conductor.policy.liveness import Fleet
 
 NOW = datetime(2026, 5, 16, tzinfo=UTC)
 LIMITS = Limits(agent_down_ms=600_000)
@@ -57,7 +58,7 @@ EVIDENCE = Evidence(
 )
 def test_flags_consumers_holding_entries_without_heartbeat(consumer: str, flagged: bool) -> None:
     g = GroupInfo(StreamKey("s"), GroupName("g"), 3, (ConsumerInfo(ConsumerName(consumer), 3, 10),))
-    sightings = without_heartbeat(g, EVIDENCE, LIMITS)
+    sightings = without_heartbeat(g, Fleet(EVIDENCE, LIMITS))
     assert bool(sightings) is flagged
     if flagged:
         assert (sightings[0].consumer, sightings[0].pending) == (consumer, 3)
@@ -67,9 +68,13 @@ def test_consumers_without_entries_are_not_flagged() -> None:
     g = GroupInfo(
         StreamKey("s"), GroupName("g"), 0, (ConsumerInfo(ConsumerName("dev-e-0"), 0, 10),)
     )
-    assert without_heartbeat(g, EVIDENCE, LIMITS) == []
+    assert without_heartbeat(g, Fleet(EVIDENCE, LIMITS)) == []
 
 
 def test_pending_by_agent() -> None:
     g = group(review_e_codex_0=4, review_e_1=2, review_e_2=1, stray_0=5, dev_e_0=0)
-    assert pending_by_agent(g, EVIDENCE) == {"review-e-codex": 4, "review-e": 3, None: 5}
+    assert pending_by_agent(g, Fleet(EVIDENCE, LIMITS)) == {
+        "review-e-codex": 4,
+        "review-e": 3,
+        None: 5,
+    }

@@ -23,7 +23,7 @@ from rig_conductor.domain import (
     StreamKey,
 )
 from rig_conductor.policy import reclaim
-from rig_conductor.policy.liveness import DownReason, judge_owner
+from rig_conductor.policy.liveness import DownReason, Fleet, judge_owner
 
 NOW = datetime(2026, 5, 16, 12, 0, tzinfo=UTC)
 LIMITS = Limits(entry_stale_ms=300_000, agent_down_ms=600_000, max_deliveries=5)
@@ -76,7 +76,7 @@ class Scene:
                 ConsumerInfo(ConsumerName(c), counts[c], idle) for c, idle in self.consumers.items()
             ),
         )
-        assessment = reclaim.assess_group(group, self.evidence(), self.limits)
+        assessment = reclaim.assess_group(group, Fleet(self.evidence(), self.limits))
         return reclaim.plan_reclaims(assessment, pending, self.limits)
 
 
@@ -320,7 +320,7 @@ def test_dead_letter_uses_the_truer_count(
         1,
         (ConsumerInfo(ConsumerName("a-0"), 1, 10), ConsumerInfo(ConsumerName("b-0"), 0, 10)),
     )
-    assessment = reclaim.assess_group(group, scene.evidence(), LIMITS)
+    assessment = reclaim.assess_group(group, Fleet(scene.evidence(), LIMITS))
     recorded = {EntryId("1-0"): attempts} if attempts is not None else {}
     plan = reclaim.plan_reclaims(assessment, pending, LIMITS, recorded)
     assert outcome(plan) == expected

@@ -28,7 +28,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.agents import resolve_agent
-from rig_conductor.policy.liveness import is_fresh, judge_owner
+from rig_conductor.policy.liveness import Fleet, is_fresh, judge_owner
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 SceneT = tuple[GroupInfo, list[PendingEntry], Evidence, Limits]
@@ -89,7 +89,9 @@ def plan_for(
     scene: tuple[GroupInfo, list[PendingEntry], Evidence, Limits],
 ) -> reclaim.ReclaimPlan:
     group, entries, evidence, limits = scene
-    return reclaim.plan_reclaims(reclaim.assess_group(group, evidence, limits), entries, limits)
+    return reclaim.plan_reclaims(
+        reclaim.assess_group(group, Fleet(evidence, limits)), entries, limits
+    )
 
 
 @settings(max_examples=400)
@@ -155,3 +157,12 @@ def test_every_eligible_entry_is_decided_exactly_once(scene: SceneT) -> None:
     for entry in plan.dead_letters:
         assert entry.deliveries >= limits.max_deliveries
     assert not (plan.no_target and plan.assessment.target is not None)
+
+
+@settings(max_examples=300)
+@given(scenes())
+def test_fast_down_check_agrees_with_the_verdict(scene: SceneT) -> None:
+    group, _, evidence, limits = scene
+    fleet = Fleet(evidence, limits)
+    for info in group.consumers:
+        assert fleet.is_down(info.name) == judge_owner(info.name, evidence, limits).down

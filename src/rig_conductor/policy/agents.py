@@ -24,12 +24,24 @@ def resolve_agent(consumer: ConsumerName, agents: Set[AgentId]) -> AgentId | Non
     `-` positions from the right tries the longest candidates first, so the first hit wins.
     A wrong answer here silently judges one agent's consumers by another agent's heartbeats.
     """
-    whole = AgentId(consumer)
-    if whole in agents:
-        return whole
-    end = len(consumer)
-    while (end := consumer.rfind("-", 0, end)) > 0:
-        prefix = consumer[:end]
-        if prefix in agents:
-            return AgentId(prefix)
-    return None
+    return AgentIndex(agents).resolve(consumer)
+
+
+class AgentIndex:
+    """`resolve_agent` for many consumers against one set of agents."""
+
+    def __init__(self, agents: Set[AgentId]) -> None:
+        self._agents = agents
+        # No prefix can be longer than the longest agent id: the walk starts there.
+        self._longest = max(map(len, agents), default=0)
+
+    def resolve(self, consumer: ConsumerName) -> AgentId | None:
+        whole = AgentId(consumer)
+        if whole in self._agents:
+            return whole
+        end = min(len(consumer), self._longest + 1)
+        while (end := consumer.rfind("-", 0, end)) > 0:
+            prefix = consumer[:end]
+            if prefix in self._agents:
+                return AgentId(prefix)
+        return None

@@ -12,17 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rig_conductor.domain import (
-    AgentId,
-    ConsumerName,
-    Evidence,
-    GroupInfo,
-    GroupName,
-    Limits,
-    StreamKey,
-)
-from rig_conductor.policy.agents import resolve_agent
-from rig_conductor.policy.liveness import is_fresh
+from rig_conductor.domain import AgentId, ConsumerName, GroupInfo, GroupName, StreamKey
+from rig_conductor.policy.liveness import Fleet
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,27 +29,25 @@ class Sighting:
         return (self.stream, self.group, self.consumer)
 
 
-def without_heartbeat(group: GroupInfo, evidence: Evidence, limits: Limits) -> list[Sighting]:
+def without_heartbeat(group: GroupInfo, fleet: Fleet) -> list[Sighting]:
     """Consumers with pending entries and neither their own nor their agent's fresh heartbeat."""
     sightings: list[Sighting] = []
+    beats = fleet.evidence.consumer_heartbeats
     for info in group.consumers:
         if info.pending == 0:
             continue
-        agent = resolve_agent(info.name, evidence.known_agents)
-        own = is_fresh(evidence.consumer_heartbeats.get(info.name), evidence.now, limits)
-        agents = agent is not None and is_fresh(
-            evidence.agent_heartbeats.get(agent), evidence.now, limits
-        )
-        if not (own or agents):
-            sightings.append(Sighting(group.stream, group.name, info.name, agent, info.pending))
+        agent = fleet.agent_of(info.name)
+        if fleet.fresh(beats.get(info.name)) or (agent is not None and fleet.agent_up(agent)):
+            continue
+        sightings.append(Sighting(group.stream, group.name, info.name, agent, info.pending))
     return sightings
 
 
-def pending_by_agent(group: GroupInfo, evidence: Evidence) -> dict[AgentId | None, int]:
+def pending_by_agent(group: GroupInfo, fleet: Fleet) -> dict[AgentId | None, int]:
     """Pending entries of the group per owning agent (None: no known agent)."""
     totals: dict[AgentId | None, int] = {}
     for info in group.consumers:
         if info.pending:
-            agent = resolve_agent(info.name, evidence.known_agents)
+            agent = fleet.agent_of(info.name)
             totals[agent] = totals.get(agent, 0) + info.pending
     return totals

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from rig_conductor.domain import (
     AgentId,
@@ -18,7 +18,7 @@ from rig_conductor.domain import (
     Limits,
     PodState,
 )
-from rig_conductor.policy.agents import resolve_agent
+from rig_conductor.policy.agents import AgentIndex
 
 
 class DownReason(enum.Enum):
@@ -69,51 +69,104 @@ def age_ms(heartbeat: Heartbeat | None, now: datetime) -> int | None:
 
 
 def is_fresh(heartbeat: Heartbeat | None, now: datetime, limits: Limits) -> bool:
-    age = age_ms(heartbeat, now)
-    return age is not None and age < limits.agent_down_ms
+    """A heartbeat less than RIG_AGENT_DOWN_MS before `now`."""
+    return heartbeat is not None and heartbeat.at > now - timedelta(
+        milliseconds=limits.agent_down_ms
+    )
+
+
+class Fleet:
+    """The evidence of one scan, with what every group asks again and again worked out once:
+    each agent judged once, each consumer name resolved once, freshness as one comparison."""
+
+    def __init__(self, evidence: Evidence, limits: Limits) -> None:
+        self.evidence = evidence
+        self.limits = limits
+        self._cutoff = evidence.now - timedelta(milliseconds=limits.agent_down_ms)
+        self._index = AgentIndex(evidence.known_agents)
+        self._agent_of: dict[ConsumerName, AgentId | None] = {}
+        self._agent_up: dict[AgentId, bool] = {}
+
+    def fresh(self, heartbeat: Heartbeat | None) -> bool:
+        """Within RIG_AGENT_DOWN_MS of `now` (the same answer as `is_fresh`)."""
+        return heartbeat is not None and heartbeat.at > self._cutoff
+
+    def agent_of(self, consumer: ConsumerName) -> AgentId | None:
+        try:
+            return self._agent_of[consumer]
+        except KeyError:
+            agent = self._agent_of[consumer] = self._index.resolve(consumer)
+            return agent
+
+    def agent_up(self, agent: AgentId) -> bool:
+        try:
+            return self._agent_up[agent]
+        except KeyError:
+            up = self._agent_up[agent] = self.fresh(self.evidence.agent_heartbeats.get(agent))
+            return up
+
+    def is_down(self, consumer: ConsumerName) -> bool:
+        """Rule 3, answered without building a verdict: the common case is "alive"."""
+        agent = self.agent_of(consumer)
+        if agent is not None and not self.agent_up(agent):
+            return True
+        own = self.evidence.consumer_heartbeats.get(consumer)
+        if own is not None and not self.fresh(own):
+            return True
+        return self.evidence.pods.get(consumer) is PodState.GONE
+
+    def owner(self, consumer: ConsumerName) -> OwnerVerdict:
+        """Rule 3 with its reasons. A consumer of no known agent is judged by its own evidence."""
+        evidence = self.evidence
+        agent = self.agent_of(consumer)
+        reasons: list[DownReason] = []
+        agent_beat = evidence.agent_heartbeats.get(agent) if agent is not None else None
+        if agent is not None:
+            if agent_beat is None:
+                reasons.append(DownReason.AGENT_NEVER_SEEN)
+            elif not self.fresh(agent_beat):
+                reasons.append(DownReason.AGENT_SILENT)
+        own_beat = evidence.consumer_heartbeats.get(consumer)
+        if own_beat is not None and not self.fresh(own_beat):
+            reasons.append(DownReason.CONSUMER_SILENT)
+        if evidence.pod(consumer) is PodState.GONE:
+            reasons.append(DownReason.POD_GONE)
+        beats = [beat.at for beat in (own_beat, agent_beat) if beat is not None]
+        return OwnerVerdict(consumer, agent, tuple(reasons), max(beats) if beats else None)
+
+    def target(self, info: ConsumerInfo) -> TargetCandidate | None:
+        """Rule 5: alive by its own evidence and not down by rule 3; else None."""
+        if self.is_down(info.name):
+            return None
+        evidence, limits = self.evidence, self.limits
+        own_beat = evidence.consumer_heartbeats.get(info.name)
+        ages: list[int] = []
+        own_age = age_ms(own_beat, evidence.now)
+        if own_age is not None and own_age < limits.agent_down_ms:
+            ages.append(own_age)
+        if info.idle_ms < limits.agent_down_ms:
+            ages.append(info.idle_ms)
+        if evidence.pod(info.name) is PodState.LIVE:
+            # A live pod proves presence, not activity: it qualifies, but ranks as the stalest sign.
+            ages.append(limits.agent_down_ms)
+        if not ages:
+            return None
+        agent = self.agent_of(info.name)
+        if own_beat is not None:
+            degraded = own_beat.degraded
+        else:
+            agent_beat = evidence.agent_heartbeats.get(agent) if agent else None
+            degraded = agent_beat.degraded if agent_beat is not None else False
+        return TargetCandidate(info.name, agent, degraded, min(ages))
 
 
 def judge_owner(consumer: ConsumerName, evidence: Evidence, limits: Limits) -> OwnerVerdict:
-    """Rule 3. A consumer that resolves to no known agent is judged by its own evidence only."""
-    agent = resolve_agent(consumer, evidence.known_agents)
-    reasons: list[DownReason] = []
-    agent_beat = evidence.agent_heartbeats.get(agent) if agent is not None else None
-    if agent is not None:
-        if agent_beat is None:
-            reasons.append(DownReason.AGENT_NEVER_SEEN)
-        elif not is_fresh(agent_beat, evidence.now, limits):
-            reasons.append(DownReason.AGENT_SILENT)
-    own_beat = evidence.consumer_heartbeats.get(consumer)
-    if own_beat is not None and not is_fresh(own_beat, evidence.now, limits):
-        reasons.append(DownReason.CONSUMER_SILENT)
-    if evidence.pod(consumer) is PodState.GONE:
-        reasons.append(DownReason.POD_GONE)
-    beats = [beat.at for beat in (own_beat, agent_beat) if beat is not None]
-    return OwnerVerdict(consumer, agent, tuple(reasons), max(beats) if beats else None)
+    """Rule 3 for one consumer (see `Fleet.owner`)."""
+    return Fleet(evidence, limits).owner(consumer)
 
 
 def target_candidate(
     info: ConsumerInfo, evidence: Evidence, limits: Limits
 ) -> TargetCandidate | None:
-    """Rule 5: alive by its own evidence and not down by rule 3; else None."""
-    verdict = judge_owner(info.name, evidence, limits)
-    if verdict.down:
-        return None
-    own_beat = evidence.consumer_heartbeats.get(info.name)
-    ages: list[int] = []
-    own_age = age_ms(own_beat, evidence.now)
-    if own_age is not None and own_age < limits.agent_down_ms:
-        ages.append(own_age)
-    if info.idle_ms < limits.agent_down_ms:
-        ages.append(info.idle_ms)
-    if evidence.pod(info.name) is PodState.LIVE:
-        # A live pod proves presence, not activity: it qualifies, but ranks as the stalest sign.
-        ages.append(limits.agent_down_ms)
-    if not ages:
-        return None
-    if own_beat is not None:
-        degraded = own_beat.degraded
-    else:
-        agent_beat = evidence.agent_heartbeats.get(verdict.agent) if verdict.agent else None
-        degraded = agent_beat.degraded if agent_beat is not None else False
-    return TargetCandidate(info.name, verdict.agent, degraded, min(ages))
+    """Rule 5 for one consumer (see `Fleet.target`)."""
+    return Fleet(evidence, limits).target(info)

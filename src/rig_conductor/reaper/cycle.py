@@ -1,7 +1,9 @@
 """One reaper scan: fetch -> plan -> apply -> report.
 
-The decisions are `policy.reclaim`'s; this module only moves data between the adapters and the
-policy, writes the `[StreamReclaim]` log lines and records what it did in the event log.
+The decisions are `policy.reclaim`'s: which consumers are down, the target, and each down
+consumer's entry rule. This module moves data between the adapters and the policy, has the
+Redis adapter apply the entry rules where the pending lists live, writes the `[StreamReclaim]`
+log lines and records what it did in the event log.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.domain import ConsumerName, EntryId, PendingEntry, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
-from rig_conductor.policy import reclaim
+from rig_conductor.policy import liveness, reclaim
 from rig_conductor.reaper import observe
 from rig_conductor.settings import Settings
 
@@ -33,7 +35,7 @@ DEAD_LETTER_REASON = "max-deliveries"
 
 @dataclass
 class GroupOutcome:
-    """What a scan did in one group that needed action."""
+    """What a scan did (or, in a dry run, would do) in one group with down consumers."""
 
     stream: str
     group: str
@@ -42,6 +44,8 @@ class GroupOutcome:
     dead_lettered: int = 0
     no_target: int = 0
     skipped: int = 0
+    # Per owner, the entries moved off it: for the log lines, the event log and the metrics.
+    moved: dict[ConsumerName, list[EntryId]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,12 +71,19 @@ class ScanReport:
     reclaimed: int = 0
     dead_lettered: int = 0
     no_target: int = 0
-    # Planned, but acked, re-read, trimmed or claimed elsewhere before the move: left alone.
+    # Chosen, but acked, re-read, trimmed or claimed elsewhere before the move: left alone.
     skipped: int = 0
     # The detector's count: consumers holding entries with no fresh heartbeat behind them.
     without_heartbeat: int = 0
     duration_ms: int = 0
     per_group: list[GroupOutcome] = field(default_factory=list)
+
+    def add(self, outcome: GroupOutcome) -> None:
+        self.per_group.append(outcome)
+        self.reclaimed += outcome.reclaimed
+        self.dead_lettered += outcome.dead_lettered
+        self.no_target += outcome.no_target
+        self.skipped += outcome.skipped
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -109,42 +120,45 @@ async def reap_once(
     started = time.perf_counter()
     limits = settings.limits
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
+    # Fetch.
     streams = await redis_streams.resolve_streams(redis, names=settings.streams)
     groups = await redis_streams.describe_groups(redis, streams=streams)
     evidence = await queries.load_evidence(
         engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
     )
+    fleet = liveness.Fleet(evidence, limits)
     report.streams = len(streams)
     for group in groups:
         report.groups += 1
         report.pending += group.pending
-        assessment = reclaim.assess_group(group, evidence, limits)
+        # Plan.
+        assessment = reclaim.assess_group(group, fleet)
         if not assessment.down:
             continue
         report.consumers_down += len(assessment.down)
-        entries = await redis_streams.pending_entries(
-            redis,
-            stream=group.stream,
-            group=group.name,
-            min_idle_ms={c: assessment.min_idle_ms(c, limits) for c in assessment.down},
-        )
         attempts = await work.worn_attempts(
             engine, tenant=settings.tenant, stream=group.stream, at_least=limits.max_deliveries
         )
-        plan = reclaim.plan_reclaims(assessment, entries, limits, attempts)
-        if plan.empty:
-            continue
-        rows = await _apply(plan, redis=redis, report=report)
-        await _record(plan, rows, engine=engine, tenant=settings.tenant)
+        rules = reclaim.entry_rules(assessment, limits, attempts)
+        # Apply.
+        outcome = await _apply(
+            assessment,
+            rules,
+            redis=redis,
+            engine=engine,
+            tenant=settings.tenant,
+            dry_run=report.dry_run,
+        )
+        report.add(outcome)
         if metrics is not None and not report.dry_run:
-            _count(plan, rows, report.per_group[-1], metrics)
+            _count(assessment, outcome, metrics)
+    # Report.
     if (report.reclaimed or report.dead_lettered) and not report.dry_run:
         # Gauges and the detector describe what is left after the moves.
         groups = await redis_streams.describe_groups(redis, streams=streams)
     report.without_heartbeat = await observe.observe(
         groups=groups,
-        evidence=evidence,
-        limits=limits,
+        fleet=fleet,
         redis=redis,
         engine=engine,
         tenant=settings.tenant,
@@ -156,113 +170,140 @@ async def reap_once(
 
 
 async def _apply(
-    plan: reclaim.ReclaimPlan, *, redis: Redis, report: ScanReport
-) -> list[queries.EventRow]:
-    assessment = plan.assessment
-    outcome = GroupOutcome(
-        assessment.stream,
-        assessment.group,
-        assessment.target.consumer if assessment.target else None,
-        no_target=len(plan.no_target),
-    )
-    report.per_group.append(outcome)
-    rows: list[queries.EventRow] = []
-    if plan.no_target:
-        _log_no_target(plan)
-    if report.dry_run:
-        _log_dry_run(plan)
-        outcome.reclaimed, outcome.dead_lettered = len(plan.moves), len(plan.dead_letters)
-    else:
-        if plan.dead_letters:
-            rows += await _dead_letter(plan, redis=redis, outcome=outcome)
-        if plan.moves:
-            rows += await _move(plan, redis=redis, outcome=outcome)
-    report.reclaimed += outcome.reclaimed
-    report.dead_lettered += outcome.dead_lettered
-    report.no_target += outcome.no_target
-    report.skipped += outcome.skipped
-    return rows
-
-
-async def _move(
-    plan: reclaim.ReclaimPlan, *, redis: Redis, outcome: GroupOutcome
-) -> list[queries.EventRow]:
-    assessment = plan.assessment
+    assessment: reclaim.GroupAssessment,
+    rules: list[reclaim.EntryRule],
+    *,
+    redis: Redis,
+    engine: AsyncEngine,
+    tenant: str,
+    dry_run: bool,
+) -> GroupOutcome:
     target = assessment.target
-    assert target is not None  # plan_reclaims only plans moves when there is a target
-    stream, group = assessment.stream, assessment.group
-    claimed = set(
-        await redis_streams.claim(
-            redis, stream=stream, group=group, target=target.consumer, entries=plan.moves
-        )
+    moving = target is not None and not dry_run
+    swept = await redis_streams.sweep(
+        redis,
+        stream=assessment.stream,
+        group=assessment.group,
+        rules=[
+            redis_streams.SweepRule(r.owner, r.min_idle_ms, r.max_deliveries, tuple(r.worn))
+            for r in rules
+        ],
+        target=target.consumer if moving and target else None,
     )
-    moved = [entry for entry in plan.moves if entry.id in claimed]
-    outcome.reclaimed = len(moved)
-    outcome.skipped += len(plan.moves) - len(moved)
-    if len(moved) < len(plan.moves):
+    outcome = GroupOutcome(assessment.stream, assessment.group, target.consumer if target else None)
+    worn = [
+        entry._replace(deliveries=max(entry.deliveries, rule.worn.get(entry.id, 0)))
+        for rule in rules
+        for entry in swept[rule.owner].worn
+    ]
+    if target is None:
+        outcome.no_target = sum(len(s.moved) for s in swept.values())
+        _log_no_target(assessment, {owner: len(s.moved) for owner, s in swept.items()})
+    if dry_run:
+        outcome.dead_lettered = len(worn)
+        if target is not None:
+            outcome.reclaimed = sum(len(s.moved) for s in swept.values())
+        _log_dry_run(assessment, swept, worn)
+        return outcome
+    rows: list[queries.EventRow] = []
+    if worn:
+        rows += await _dead_letter(assessment, worn, redis=redis, outcome=outcome)
+    if target is not None:
+        outcome.moved = {owner: s.moved for owner, s in swept.items() if s.moved}
+        outcome.reclaimed = sum(len(ids) for ids in outcome.moved.values())
+        outcome.skipped += sum(s.movable for s in swept.values()) - outcome.reclaimed
+        _log_moves(assessment, outcome)
+        rows += _reclaim_rows(assessment, outcome)
+    await _record(assessment, outcome, rows, engine=engine, tenant=tenant)
+    return outcome
+
+
+def _log_moves(assessment: reclaim.GroupAssessment, outcome: GroupOutcome) -> None:
+    target = assessment.target
+    assert target is not None
+    if outcome.skipped:
         logger.info(
-            "[StreamReclaim] Left %d entries on %s/%s: acked, re-read, trimmed or claimed "
-            "elsewhere since the scan looked",
-            len(plan.moves) - len(moved),
-            stream,
-            group,
+            "[StreamReclaim] Left %d entries on %s/%s: trimmed from the stream or touched since "
+            "the scan looked",
+            outcome.skipped,
+            assessment.stream,
+            assessment.group,
         )
-    if logger.isEnabledFor(logging.INFO):
-        for entry in moved:
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    stream, group = assessment.stream, assessment.group
+    for owner, ids in outcome.moved.items():
+        from_agent = assessment.down[owner].agent
+        for entry_id in ids:
             logger.info(
                 "[StreamReclaim] Reclaimed %s on %s: %s -> %s",
-                entry.id,
+                entry_id,
                 stream,
-                entry.consumer,
+                owner,
                 target.consumer,
                 extra={
-                    "entryId": entry.id,
+                    "entryId": entry_id,
                     "stream": stream,
                     "group": group,
-                    "fromConsumer": entry.consumer,
+                    "fromConsumer": owner,
                     "toConsumer": target.consumer,
-                    "fromAgent": assessment.down[entry.consumer].agent,
+                    "fromAgent": from_agent,
                     "toAgent": target.agent,
                 },
             )
-    # One JSON prefix per owner: building a dict per entry would dominate a million-entry scan.
-    prefixes = {
-        consumer: _json_prefix(
-            toConsumer=target.consumer,
-            toAgent=target.agent,
-            reasons=[r.value for r in verdict.reasons],
-            lastHeartbeatAt=verdict.last_heartbeat_at.isoformat()
-            if verdict.last_heartbeat_at
-            else None,
-        )
-        for consumer, verdict in assessment.down.items()
-    }
-    down = assessment.down
-    return [
-        queries.EventRow(
-            "RECLAIMED",
-            agent_id=down[e.consumer].agent,
-            consumer=e.consumer,
-            stream=stream,
-            group_name=group,
-            entry_id=e.id,
-            detail=f'{prefixes[e.consumer]}"idleMs":{e.idle_ms},"deliveries":{e.deliveries}}}',
-        )
-        for e in moved
-    ]
+
+
+def _reclaim_rows(
+    assessment: reclaim.GroupAssessment, outcome: GroupOutcome
+) -> list[queries.EventRow]:
+    """One RECLAIMED row per batch of up to a sweep page, the batch's ids in `entry_ids`.
+
+    A row per entry would make PostgreSQL, not Redis, the limit of a large reclaim.
+    """
+    target = assessment.target
+    assert target is not None
+    rows: list[queries.EventRow] = []
+    page = redis_streams.SWEEP_PAGE
+    for owner, ids in outcome.moved.items():
+        verdict = assessment.down[owner]
+        last_beat = verdict.last_heartbeat_at
+        for start in range(0, len(ids), page):
+            batch = ids[start : start + page]
+            detail = {
+                "toConsumer": target.consumer,
+                "toAgent": target.agent,
+                "reasons": [reason.value for reason in verdict.reasons],
+                "lastHeartbeatAt": last_beat.isoformat() if last_beat else None,
+                "count": len(batch),
+            }
+            rows.append(
+                queries.EventRow(
+                    "RECLAIMED",
+                    agent_id=verdict.agent,
+                    consumer=owner,
+                    stream=assessment.stream,
+                    group_name=assessment.group,
+                    detail=json.dumps(detail),
+                    entry_ids="{" + ",".join(batch) + "}",
+                )
+            )
+    return rows
 
 
 async def _dead_letter(
-    plan: reclaim.ReclaimPlan, *, redis: Redis, outcome: GroupOutcome
+    assessment: reclaim.GroupAssessment,
+    worn: list[PendingEntry],
+    *,
+    redis: Redis,
+    outcome: GroupOutcome,
 ) -> list[queries.EventRow]:
-    assessment = plan.assessment
     stream, group = assessment.stream, assessment.group
     done = await redis_streams.dead_letter(
-        redis, stream=stream, group=group, entries=plan.dead_letters, reason=DEAD_LETTER_REASON
+        redis, stream=stream, group=group, entries=worn, reason=DEAD_LETTER_REASON
     )
     outcome.dead_lettered = len(done)
-    outcome.skipped += len(plan.dead_letters) - len(done)
-    owners = {entry.id: entry.consumer for entry in plan.dead_letters}
+    outcome.skipped += len(worn) - len(done)
+    owners = {entry.id: entry.consumer for entry in worn}
     rows: list[queries.EventRow] = []
     for item in done:
         consumer = owners[item.entry_id]
@@ -280,6 +321,12 @@ async def _dead_letter(
                 "dlqId": item.dlq_id,
             },
         )
+        detail = {
+            "deliveries": item.deliveries,
+            "reason": DEAD_LETTER_REASON,
+            "dlqStream": redis_streams.dlq_key(stream),
+            "dlqId": item.dlq_id,
+        }
         rows.append(
             queries.EventRow(
                 "DEAD_LETTERED",
@@ -289,64 +336,58 @@ async def _dead_letter(
                 group_name=group,
                 entry_id=item.entry_id,
                 issue_id=item.issue_id,
-                detail=json.dumps(
-                    {
-                        "deliveries": item.deliveries,
-                        "reason": DEAD_LETTER_REASON,
-                        "dlqStream": redis_streams.dlq_key(stream),
-                        "dlqId": item.dlq_id,
-                    }
-                ),
+                detail=json.dumps(detail),
             )
         )
     return rows
 
 
 async def _record(
-    plan: reclaim.ReclaimPlan, rows: list[queries.EventRow], *, engine: AsyncEngine, tenant: str
+    assessment: reclaim.GroupAssessment,
+    outcome: GroupOutcome,
+    rows: list[queries.EventRow],
+    *,
+    engine: AsyncEngine,
+    tenant: str,
 ) -> None:
     """The event log, and the assignment rows: moved entries get a new attempt (fencing the old
     owner off), dead letters are marked dead."""
     await queries.append_events(engine, tenant=tenant, rows=rows)
-    stream, target = plan.assessment.stream, plan.assessment.target
-    moved = [row.entry_id for row in rows if row.kind == "RECLAIMED" and row.entry_id]
+    target = assessment.target
+    moved = [entry_id for ids in outcome.moved.values() for entry_id in ids]
     if moved and target is not None:
         await work.reclaimed(
-            engine, tenant=tenant, stream=stream, consumer=target.consumer, entry_ids=moved
+            engine,
+            tenant=tenant,
+            stream=assessment.stream,
+            consumer=target.consumer,
+            entry_ids=moved,
         )
     dead = [
         (row.entry_id, row.issue_id, json.loads(row.detail)["deliveries"])
         for row in rows
         if row.kind == "DEAD_LETTERED" and row.entry_id
     ]
-    await work.dead_lettered(engine, tenant=tenant, stream=stream, entries=dead)
+    await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=dead)
 
 
-def _count(
-    plan: reclaim.ReclaimPlan, rows: list[queries.EventRow], outcome: GroupOutcome, metrics: Metrics
-) -> None:
-    stream, group = plan.assessment.stream, plan.assessment.group
-    target = plan.assessment.target
+def _count(assessment: reclaim.GroupAssessment, outcome: GroupOutcome, metrics: Metrics) -> None:
+    stream, group = assessment.stream, assessment.group
+    target = assessment.target
     to_agent = (target.agent if target else None) or UNKNOWN_AGENT
-    moved: dict[str, int] = {}
-    for row in rows:
-        if row.kind == "RECLAIMED":
-            from_agent = row.agent_id or UNKNOWN_AGENT
-            moved[from_agent] = moved.get(from_agent, 0) + 1
-    for from_agent, count in moved.items():
-        metrics.reclaimed.labels(stream, group, from_agent, to_agent).inc(count)
+    for owner, ids in outcome.moved.items():
+        from_agent = assessment.down[owner].agent or UNKNOWN_AGENT
+        metrics.reclaimed.labels(stream, group, from_agent, to_agent).inc(len(ids))
     if outcome.dead_lettered:
         metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
     if outcome.no_target:
         metrics.no_target.labels(stream, group).inc(outcome.no_target)
 
 
-def _log_no_target(plan: reclaim.ReclaimPlan) -> None:
-    assessment = plan.assessment
-    held: dict[ConsumerName, int] = {}
-    for entry in plan.no_target:
-        held[entry.consumer] = held.get(entry.consumer, 0) + 1
+def _log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerName, int]) -> None:
     for consumer, count in held.items():
+        if not count:
+            continue
         logger.warning(
             "[StreamReclaim] No live consumer in group %s of %s to take %d entries of %s; "
             "left in place",
@@ -363,10 +404,13 @@ def _log_no_target(plan: reclaim.ReclaimPlan) -> None:
         )
 
 
-def _log_dry_run(plan: reclaim.ReclaimPlan) -> None:
-    assessment = plan.assessment
+def _log_dry_run(
+    assessment: reclaim.GroupAssessment,
+    swept: Mapping[ConsumerName, redis_streams.Swept],
+    worn: list[PendingEntry],
+) -> None:
     stream = assessment.stream
-    for entry in plan.dead_letters:
+    for entry in worn:
         logger.info(
             "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
             entry.id,
@@ -375,19 +419,15 @@ def _log_dry_run(plan: reclaim.ReclaimPlan) -> None:
         )
     if assessment.target is None or not logger.isEnabledFor(logging.INFO):
         return
-    for entry in plan.moves:
-        logger.info(
-            "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s",
-            entry.id,
-            stream,
-            entry.consumer,
-            assessment.target.consumer,
-        )
-
-
-def _json_prefix(**fields: Any) -> str:
-    """`{"a":1,` for fields a=1: the start of a JSON object that the caller closes."""
-    return json.dumps(fields, separators=(",", ":"))[:-1] + ","
+    for owner, result in swept.items():
+        for entry_id in result.moved:
+            logger.info(
+                "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s",
+                entry_id,
+                stream,
+                owner,
+                assessment.target.consumer,
+            )
 
 
 def describe_failure(exc: BaseException) -> str:

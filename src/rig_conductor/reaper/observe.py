@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import Evidence, GroupInfo, Limits
+from rig_conductor.domain import GroupInfo
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import detector
-from rig_conductor.policy.liveness import age_ms, is_fresh
+from rig_conductor.policy.liveness import Fleet, age_ms
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +38,7 @@ class Detector:
 async def observe(
     *,
     groups: list[GroupInfo],
-    evidence: Evidence,
-    limits: Limits,
+    fleet: Fleet,
     redis: Redis,
     engine: AsyncEngine,
     tenant: str,
@@ -47,11 +46,11 @@ async def observe(
     watch: Detector | None,
 ) -> int:
     """Refresh the gauges and run the detector; returns how many consumers it flags."""
-    sightings = [s for group in groups for s in detector.without_heartbeat(group, evidence, limits)]
+    sightings = [s for group in groups for s in detector.without_heartbeat(group, fleet)]
     if watch is not None:
         await _announce(watch.update(sightings), engine=engine, tenant=tenant)
     if metrics is not None:
-        await _refresh_gauges(groups, evidence, limits, sightings, redis=redis, metrics=metrics)
+        await _refresh_gauges(groups, fleet, sightings, redis=redis, metrics=metrics)
     return len(sightings)
 
 
@@ -89,8 +88,7 @@ async def _announce(new: list[detector.Sighting], *, engine: AsyncEngine, tenant
 
 async def _refresh_gauges(
     groups: list[GroupInfo],
-    evidence: Evidence,
-    limits: Limits,
+    fleet: Fleet,
     sightings: list[detector.Sighting],
     *,
     redis: Redis,
@@ -105,7 +103,7 @@ async def _refresh_gauges(
         {
             (g.stream, g.name, agent or UNKNOWN_AGENT): count
             for g in groups
-            for agent, count in detector.pending_by_agent(g, evidence).items()
+            for agent, count in detector.pending_by_agent(g, fleet).items()
         },
     )
     metrics.replace(
@@ -122,11 +120,11 @@ async def _refresh_gauges(
     metrics.replace(metrics.without_heartbeat, flagged)
     ages: dict[tuple[str, ...], float] = {}
     up: dict[tuple[str, ...], float] = {}
+    evidence = fleet.evidence
     for agent in evidence.known_agents:
-        beat = evidence.agent_heartbeats.get(agent)
-        age = age_ms(beat, evidence.now)
+        age = age_ms(evidence.agent_heartbeats.get(agent), evidence.now)
         if age is not None:
             ages[(agent,)] = age / 1000
-        up[(agent,)] = 1.0 if is_fresh(beat, evidence.now, limits) else 0.0
+        up[(agent,)] = 1.0 if fleet.agent_up(agent) else 0.0
     metrics.replace(metrics.heartbeat_age, ages)
     metrics.replace(metrics.agent_up, up)

@@ -39,6 +39,7 @@ class EventRow(NamedTuple):
     attempt: int | None = None
     detail: str = "{}"  # JSON text
     fenced: bool = False
+    entry_ids: str | None = None  # a PostgreSQL array literal, for events about many entries
 
 
 @dataclass(frozen=True, slots=True)

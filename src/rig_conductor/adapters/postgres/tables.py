@@ -19,7 +19,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 metadata = MetaData()
 
@@ -64,6 +64,8 @@ events = Table(
     Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     # A WORK_* report from an attempt older than the entry's current one: duplicate work.
     Column("fenced", Boolean, nullable=False, server_default=text("false")),
+    # Reclaims are recorded one row per batch moved together: the batch's entry ids.
+    Column("entry_ids", ARRAY(Text)),
     Index("ix_events_occurred_at", "occurred_at"),
     Index("ix_events_stream_entry", "stream", "entry_id"),
     Index("ix_events_issue", "issue_id"),
