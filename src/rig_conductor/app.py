@@ -9,14 +9,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from rig_conductor import __version__
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.api import errors
-from rig_conductor.api.deps import Runtime, require_token
+from rig_conductor.api.deps import Runtime
 from rig_conductor.api.ingest import HeartbeatWriter
 from rig_conductor.api.routes import deadletters, events, health, views
 from rig_conductor.metrics import Metrics
@@ -33,7 +33,7 @@ def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = redis_streams.connect(settings.redis_url)
         engine = pg.create_engine(settings.sqlalchemy_url)
-        heartbeats = HeartbeatWriter(engine, tenant=settings.tenant)
+        heartbeats = HeartbeatWriter(settings.sqlalchemy_url, tenant=settings.tenant)
         reaper = ReaperService(redis=redis, engine=engine, settings=settings, metrics=metrics)
 
         async def scan(dry_run: bool | None) -> dict[str, Any]:
@@ -72,11 +72,9 @@ def create_app(settings: Settings, *, schedule_reaper: bool = True) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.metrics = metrics
-    app.state.tokens = tuple(t.get_secret_value().encode() for t in settings.api_tokens)
-    errors.install(app)
-    secured = [Depends(require_token)]
-    app.include_router(events.router, prefix="/api", dependencies=secured)
-    app.include_router(views.router, prefix="/api", dependencies=secured)
-    app.include_router(deadletters.router, prefix="/api", dependencies=secured)
+    errors.install(app, tokens=tuple(t.get_secret_value().encode() for t in settings.api_tokens))
+    app.include_router(events.router, prefix="/api")
+    app.include_router(views.router, prefix="/api")
+    app.include_router(deadletters.router, prefix="/api")
     app.include_router(health.router)
     return app

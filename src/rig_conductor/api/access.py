@@ -1,10 +1,15 @@
-"""Request log: method, path, status, duration and client; never bodies, queries or headers.
+"""Request-level middleware: the bearer-token guard of /api and the request log.
 
-Successful requests log at DEBUG (heartbeats arrive by the thousand); anything else at INFO.
+Plain ASGI rather than FastAPI dependencies: they run on every heartbeat, and a dependency
+costs more than the check itself. The request log carries method, path, status, duration and
+client, never bodies, queries or headers; successful requests log at DEBUG (heartbeats arrive
+by the thousand), anything else at INFO.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
 import time
 
@@ -52,3 +57,45 @@ class AccessLog:
                         "client": client[0] if client else None,
                     },
                 )
+
+
+class BearerTokens:
+    """With RIG_API_TOKENS set, every /api call needs `Authorization: Bearer <token>`; 401 else.
+
+    Every token is compared in constant time, so timing tells nothing about which came close.
+    """
+
+    def __init__(self, app: ASGIApp, tokens: tuple[bytes, ...]) -> None:
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._refused(scope):
+            body = json.dumps({"detail": "missing or invalid bearer token"}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"www-authenticate", b"Bearer"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)
+
+    def _refused(self, scope: Scope) -> bool:
+        if scope["type"] != "http" or not self.tokens or not scope["path"].startswith("/api/"):
+            return False
+        return not self._allowed(dict(scope["headers"]).get(b"authorization", b""))
+
+    def _allowed(self, header: bytes) -> bool:
+        scheme, _, presented = header.partition(b" ")
+        candidate = presented.strip()
+        matched = False
+        for token in self.tokens:
+            matched |= hmac.compare_digest(candidate, token)
+        return scheme.lower() == b"bearer" and matched

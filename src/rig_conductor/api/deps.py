@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import HTTPException, Request, status
+from fastapi import Request
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,25 +29,6 @@ class Runtime:
     schema_head: str | None
 
 
-def runtime(request: Request) -> Runtime:
+async def runtime(request: Request) -> Runtime:
     value: Runtime = request.app.state.runtime
     return value
-
-
-def require_token(request: Request) -> None:
-    """With RIG_API_TOKENS set, every /api call needs `Authorization: Bearer <token>`."""
-    tokens: tuple[bytes, ...] = request.app.state.tokens
-    if not tokens:
-        return
-    scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-    candidate = presented.strip().encode()
-    # Compare against every token, so timing does not reveal which one came close.
-    matched = False
-    for token in tokens:
-        matched |= hmac.compare_digest(candidate, token)
-    if scheme.lower() != "bearer" or not matched:
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            detail="missing or invalid bearer token",
-            headers={"WWW-Authenticate": "Bearer"},
-        )

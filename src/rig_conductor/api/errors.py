@@ -9,6 +9,7 @@ import json
 import logging
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
@@ -18,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor.api.access import AccessLog
+from rig_conductor.api.access import AccessLog, BearerTokens
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,14 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse | Any:
     return await http_exception_handler(request, exc)
 
 
-def install(app: FastAPI) -> None:
+def install(app: FastAPI, *, tokens: tuple[bytes, ...]) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
-    for error in (RedisError, SQLAlchemyError, OSError):
+    for error in (RedisError, SQLAlchemyError, psycopg.OperationalError, OSError):
         app.add_exception_handler(error, _unavailable)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-    app.add_middleware(AccessLog)  # added last: outermost, so it sees 413s too
+    app.add_middleware(BearerTokens, tokens=tokens)  # before the body is read
+    app.add_middleware(AccessLog)  # added last: outermost, so it sees 401s and 413s too
 
 
 class BodyLimit:

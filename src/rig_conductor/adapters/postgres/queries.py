@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
+import psycopg
 from sqlalchemy import func, select, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
@@ -51,72 +53,73 @@ class AgentRow:
     consumers: tuple[ConsumerName, ...] = field(default=())
 
 
+# A batch of heartbeats in one statement, so a batch costs one round trip: every heartbeat into
+# the event log, and the latest state per agent and per consumer upserted (the last heartbeat of
+# a key in the batch wins; keys are locked in order, so concurrent batches cannot deadlock).
+# Constant text whatever the batch size, so the driver prepares it once.
+_HEARTBEATS_SQL = """
+WITH batch AS (
+    SELECT item->>0 AS agent_id, item->>1 AS consumer, (item->>2)::boolean AS degraded,
+           item->3 AS reasons, ord
+      FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS b(item, ord)
+), logged AS (
+    INSERT INTO events (tenant, occurred_at, kind, agent_id, consumer, detail)
+    SELECT %(tenant)s, now(), 'HEARTBEAT', agent_id, consumer,
+           jsonb_build_object('degraded', degraded, 'degradedReasons', reasons)
+      FROM batch ORDER BY ord
+), agents AS (
+    INSERT INTO agent_heartbeats AS a (tenant, agent_id, last_heartbeat_at, degraded,
+                                       degraded_reasons)
+    SELECT DISTINCT ON (agent_id) %(tenant)s, agent_id, now(), degraded, reasons
+      FROM batch ORDER BY agent_id, ord DESC
+    ON CONFLICT (tenant, agent_id) DO UPDATE
+       SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, degraded = EXCLUDED.degraded,
+           degraded_reasons = EXCLUDED.degraded_reasons
+), consumers AS (
+    INSERT INTO consumer_heartbeats AS c (tenant, consumer, agent_id, last_heartbeat_at,
+                                          degraded, degraded_reasons)
+    SELECT DISTINCT ON (consumer) %(tenant)s, consumer, agent_id, now(), degraded, reasons
+      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
+    ON CONFLICT (tenant, consumer) DO UPDATE
+       SET agent_id = EXCLUDED.agent_id, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
+           degraded = EXCLUDED.degraded, degraded_reasons = EXCLUDED.degraded_reasons
+)
+SELECT now()
+"""
+
+
+def _heartbeat_params(tenant: str, heartbeats: Sequence[HeartbeatIn]) -> dict[str, Any]:
+    # One JSON document for the whole batch: encoded in C, where driver-side arrays are not.
+    batch = [[hb.agent_id, hb.consumer, hb.degraded, hb.degraded_reasons] for hb in heartbeats]
+    return {"tenant": tenant, "batch": json.dumps(batch)}
+
+
 async def record_heartbeats(
     engine: AsyncEngine, *, tenant: str, heartbeats: Sequence[HeartbeatIn]
 ) -> datetime:
-    """Store a batch of heartbeats in one transaction; returns the receipt time it stamped.
-
-    The latest state per agent and per consumer is upserted (rows locked in key order, so
-    concurrent batches cannot deadlock) and every heartbeat is appended to the event log.
-    """
+    """Store a batch of heartbeats; returns the receipt time PostgreSQL stamped on them."""
     async with engine.begin() as conn:
-        received_at: datetime = (await conn.execute(select(func.now()))).scalar_one()
-        await conn.execute(
-            events.insert(),
-            [
-                {
-                    "tenant": tenant,
-                    "occurred_at": received_at,
-                    "kind": "HEARTBEAT",
-                    "agent_id": hb.agent_id,
-                    "consumer": hb.consumer,
-                    "detail": {
-                        "degraded": hb.degraded,
-                        "degradedReasons": list(hb.degraded_reasons),
-                    },
-                }
-                for hb in heartbeats
-            ],
-        )
-        latest_agent = {hb.agent_id: hb for hb in heartbeats}
-        await _upsert(
-            conn,
-            agent_heartbeats,
-            ("tenant", "agent_id"),
-            [
-                _state(tenant, received_at, hb, agent_id=key)
-                for key, hb in sorted(latest_agent.items())
-            ],
-        )
-        latest_consumer = {hb.consumer: hb for hb in heartbeats if hb.consumer}
-        await _upsert(
-            conn,
-            consumer_heartbeats,
-            ("tenant", "consumer"),
-            [
-                _state(tenant, received_at, hb, consumer=key, agent_id=hb.agent_id)
-                for key, hb in sorted(latest_consumer.items())
-            ],
-        )
+        result = await conn.exec_driver_sql(_HEARTBEATS_SQL, _heartbeat_params(tenant, heartbeats))
+        received_at: datetime = result.scalar_one()
     return received_at
 
 
-def _state(tenant: str, at: datetime, hb: HeartbeatIn, **key: str) -> dict[str, Any]:
-    return {
-        "tenant": tenant,
-        "last_heartbeat_at": at,
-        "degraded": hb.degraded,
-        "degraded_reasons": list(hb.degraded_reasons),
-        **key,
-    }
+async def connect_direct(url: str) -> psycopg.AsyncConnection[Any]:
+    """A psycopg connection of its own, outside the pool, autocommitting: for a hot writer that
+    wants one round trip per batch and no pool checkout around it."""
+    conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, connect_timeout=5)
 
 
-async def _upsert(conn: Any, table: Any, keys: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    stmt = insert(table).values(rows)
-    changed = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
-    await conn.execute(stmt.on_conflict_do_update(index_elements=list(keys), set_=changed))
+async def record_heartbeats_on(
+    conn: psycopg.AsyncConnection[Any], *, tenant: str, heartbeats: Sequence[HeartbeatIn]
+) -> datetime:
+    """`record_heartbeats` on a direct connection: one statement, its own transaction."""
+    cursor = await conn.execute(_HEARTBEATS_SQL, _heartbeat_params(tenant, heartbeats))
+    row = await cursor.fetchone()
+    assert row is not None
+    received_at: datetime = row[0]
+    return received_at
 
 
 async def load_evidence(

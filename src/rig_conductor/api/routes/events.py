@@ -7,12 +7,12 @@ import logging
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.api import schemas
-from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import AgentId, ConsumerName
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("/events", responses=RESPONSES, status_code=202, response_model=None)
-async def post_event(
-    event: Annotated[schemas.Event, Body()], rt: Annotated[Runtime, Depends(runtime)]
-) -> JSONResponse:
+async def post_event(event: Annotated[schemas.Event, Body()], request: Request) -> JSONResponse:
+    # The runtime straight from the app, not through Depends: this route takes every heartbeat.
+    rt: Runtime = request.app.state.runtime
     if isinstance(event, schemas.HeartbeatEvent):
         return await _heartbeat(event, rt)
     if isinstance(event, schemas.IssueAssignedEvent):
