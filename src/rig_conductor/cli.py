@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -98,8 +99,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         logger.warning(
             "DRY RUN: the reaper logs and counts its decisions and changes nothing in Redis"
         )
+    from rig_conductor.adapters import kubernetes
+    from rig_conductor.reaper import podwatch
+
+    try:
+        kube = podwatch.api_client(settings, environ=os.environ)
+    except kubernetes.KubernetesConfigError as exc:
+        logger.error("RIG_K8S_ENABLED=true, but %s", exc)
+        return EXIT_USAGE
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, kube=kube),
         host=settings.http_host,
         port=settings.http_port,
         log_config=None,  # keep our dictConfig (text or JSON) for uvicorn's records too

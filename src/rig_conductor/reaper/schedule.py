@@ -1,6 +1,11 @@
 """The reaper inside `serve`: APScheduler runs one scan every RIG_SCAN_INTERVAL_S after
 RIG_STARTUP_DELAY_S, never two at once, and the event-log retention once a day.
 
+With several replicas only the elected one reaps (a Kubernetes Lease, else a PostgreSQL
+advisory lock); the others skip their scheduled scans. With Kubernetes on, each scan lists the
+agents' pods for evidence, a deleted pod triggers a scan at once (`on_pod_gone`), and consumers
+whose pods are gone and that hold nothing are deleted after the scan.
+
 A failing scan is logged and counted; the schedule carries on. Stopping waits for a scan in
 progress to finish.
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -17,8 +23,9 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.metrics import Metrics
-from rig_conductor.reaper import cycle, observe
+from rig_conductor.reaper import cycle, leader, observe, podwatch
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -34,11 +41,17 @@ class ReaperService:
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None = None,
+        pods: podwatch.PodLiveness | None = None,
+        tracker: podwatch.PodTracker | None = None,
+        elector: leader.Elector | None = None,
     ) -> None:
         self._redis = redis
         self._engine = engine
         self._settings = settings
         self._metrics = metrics
+        self._pods = pods
+        self._tracker = tracker
+        self._elector = elector
         self._detector = observe.Detector()
         self._lock = asyncio.Lock()
         self._scheduler = AsyncIOScheduler(timezone=UTC)
@@ -79,19 +92,39 @@ class ReaperService:
         async with self._lock:  # a scan in progress finishes first
             pass
 
-    async def scan(self, *, dry_run: bool | None = None) -> cycle.ScanReport:
-        """One scan now, after any scan already running. Raises what the scan raised."""
+    @property
+    def leading(self) -> bool:
+        """Whether this replica is the one that reaps (always, without an elector)."""
+        return self._elector is None or self._elector.is_leader
+
+    async def scan(
+        self,
+        *,
+        dry_run: bool | None = None,
+        pods: Mapping[ConsumerName, PodState] | None = None,
+    ) -> cycle.ScanReport:
+        """One scan now, after any scan already running. Raises what the scan raised.
+
+        `pods`: pod evidence to use instead of listing the pods (the watch's, after a deletion).
+        """
         async with self._lock:
             started = time.perf_counter()
             try:
+                if pods is None and self._pods is not None:
+                    pods = await self._pods.scan()
                 report = await cycle.reap_once(
                     redis=self._redis,
                     engine=self._engine,
                     settings=self._settings,
                     dry_run=dry_run,
+                    pods=pods,
                     metrics=self._metrics,
                     detector=self._detector,
                 )
+                if pods and not report.dry_run:
+                    await podwatch.sweep_consumers(
+                        redis=self._redis, engine=self._engine, settings=self._settings, pods=pods
+                    )
             except Exception:
                 self._record("error", started)
                 raise
@@ -99,12 +132,26 @@ class ReaperService:
         self.last_report = report
         return report
 
+    async def on_pod_gone(self, pod: PodName) -> None:
+        """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""
+        if not self.leading or self._tracker is None:
+            return
+        logger.info("Pod %s is gone: scanning now", pod)
+        try:
+            await self.scan(pods=self._tracker.states())
+        except Exception as exc:
+            self.failed_scans += 1
+            logger.error("Scan after pod %s went failed: %s", pod, cycle.describe_failure(exc))
+
     def _record(self, outcome: str, started: float) -> None:
         if self._metrics is not None:
             self._metrics.scans.labels(outcome).inc()
             self._metrics.scan_duration.observe(time.perf_counter() - started)
 
     async def _scheduled_scan(self) -> None:
+        if not self.leading:
+            logger.debug("Not the active reaper: scheduled scan skipped")
+            return
         try:
             report = await self.scan()
         except Exception as exc:
@@ -121,6 +168,8 @@ class ReaperService:
             )
 
     async def _retention(self) -> None:
+        if not self.leading:
+            return
         try:
             deleted = await queries.delete_old_events(
                 self._engine, older_than_days=self._settings.event_retention_days

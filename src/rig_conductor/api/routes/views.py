@@ -77,7 +77,12 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
     ]
 
 
-@router.post("/reaper/scan", response_model=schemas.ScanReportView, response_model_by_alias=True)
+@router.post(
+    "/reaper/scan",
+    response_model=schemas.ScanReportView,
+    response_model_by_alias=True,
+    responses={409: {"model": schemas.Problem, "description": "not the active reaper"}},
+)
 async def scan_now(
     rt: Annotated[Runtime, Depends(runtime)],
     dry_run: Annotated[bool, Query(alias="dryRun")] = False,

@@ -1,0 +1,322 @@
+"""Leader election: one Lease on the API stand-in, one advisory lock on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from kubernetes import client
+from sqlalchemy.engine import make_url
+
+from rig_conductor.adapters import kubernetes
+from rig_conductor.reaper.leader import (
+    AdvisoryLockElector,
+    Elector,
+    LeaseAction,
+    LeaseElector,
+    advisory_key,
+    lease_action,
+    lease_name,
+    make_elector,
+)
+from rig_conductor.settings import Settings
+
+from ..helpers import wait_for
+from .standin import Fault, KubeStandIn
+
+DURATION_S = 2  # short leases keep the tests fast; renewals every ~0.67 s
+LEASE = "rig-conductor-reaper"
+
+
+class Changes:
+    def __init__(self) -> None:
+        self.seen: list[bool] = []
+
+    async def __call__(self, leading: bool) -> None:
+        self.seen.append(leading)
+
+
+@pytest.fixture
+async def electors() -> AsyncIterator[list[Elector]]:
+    """Stops every elector a test started, leaders last."""
+    started: list[Elector] = []
+    yield started
+    for elector in sorted(started, key=lambda e: e.is_leader):
+        await elector.stop()
+
+
+def lease_elector(api: client.ApiClient, identity: str, **kwargs: object) -> LeaseElector:
+    return LeaseElector(
+        api=api,
+        namespace="default",
+        name=LEASE,
+        identity=identity,
+        lease_duration_s=DURATION_S,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def exactly_one_leader(electors: Sequence[Elector], *, over_s: float) -> Elector:
+    """Sample for `over_s`: never two leaders at once, and one at every sample."""
+    deadline = time.monotonic() + over_s
+    leader: Elector | None = None
+    while time.monotonic() < deadline:
+        leaders = [e for e in electors if e.is_leader]
+        assert len(leaders) == 1, [e.identity for e in leaders]
+        leader = leaders[0]
+        await asyncio.sleep(0.02)
+    assert leader is not None
+    return leader
+
+
+# --- the Lease ------------------------------------------------------------------------------
+
+
+async def test_two_replicas_one_leader_and_a_takeover_after_the_leader_dies(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    a, b = lease_elector(api, "conductor-a_1"), lease_elector(api, "conductor-b_1")
+    electors += [a, b]
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    await b.start()
+
+    leader = await exactly_one_leader([a, b], over_s=2 * DURATION_S)
+    assert leader is a
+    lease = kube.lease(LEASE)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "conductor-a_1"
+    assert lease["spec"]["leaseDurationSeconds"] == DURATION_S
+    assert kube.count("lease-update") >= 4  # renewing every ~1/3 of the duration
+
+    # The leader dies: it stops renewing and never releases.
+    died = time.monotonic()
+    renewed = datetime.fromisoformat(lease["spec"]["renewTime"])
+    await a.stop(release=False)
+    await wait_for(lambda: b.is_leader, within=DURATION_S + 2)
+    took_over = time.monotonic() - died
+
+    lease = kube.lease(LEASE)
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == "conductor-b_1"
+    assert lease["spec"]["leaseTransitions"] == 1
+    # Not before the dead leader's lease ran out, and within the duration after that.
+    assert datetime.fromisoformat(lease["spec"]["acquireTime"]) >= renewed + timedelta(
+        seconds=DURATION_S
+    )
+    assert took_over <= DURATION_S + b.period_s + 0.5
+
+
+async def test_a_stopping_leader_releases_at_once(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    changes = Changes()
+    a = lease_elector(api, "conductor-a_1", on_change=changes)
+    b = lease_elector(api, "conductor-b_1")
+    electors += [a, b]
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    await b.start()
+    await asyncio.sleep(0.3)
+
+    stopped = time.monotonic()
+    await a.stop()
+    assert not a.is_leader
+    await wait_for(lambda: b.is_leader, within=DURATION_S)
+    assert time.monotonic() - stopped < b.period_s + 0.5  # no need to wait the lease out
+    await asyncio.sleep(0)
+    assert changes.seen == [True, False]
+
+
+async def test_a_conflict_costs_the_leadership(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    """Another holder writes the Lease between our read and our update: 409, not the leader."""
+    changes = Changes()
+    a = lease_elector(api, "conductor-a_1", on_change=changes)
+    electors.append(a)
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+
+    kube.inject(Fault("lease-update", steal_by="intruder_9"))
+    await wait_for(lambda: not a.is_leader, within=DURATION_S)
+    await wait_for(lambda: a.holder == "intruder_9", within=DURATION_S)
+    # The intruder never renews: its lease runs out and a takes over again.
+    await wait_for(lambda: a.is_leader, within=DURATION_S + 2)
+    await asyncio.sleep(0)
+    assert changes.seen == [True, False, True]
+    lease = kube.lease(LEASE)
+    assert lease is not None
+    assert lease["spec"]["leaseTransitions"] == 1
+
+
+async def test_one_failed_renewal_does_not_cost_the_leadership(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    changes = Changes()
+    a = lease_elector(api, "conductor-a_1", on_change=changes)
+    electors.append(a)
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    kube.inject(Fault("lease-update", status=500))
+    await asyncio.sleep(DURATION_S)
+    assert a.is_leader
+    assert changes.seen == [True]
+
+
+async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_runs_out(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    a, b = lease_elector(api, "conductor-a_1"), lease_elector(api, "conductor-b_1")
+    electors += [a, b]
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    await b.start()
+    await asyncio.sleep(0.2)
+
+    kube.inject(Fault("lease-update", status=500, times=None))  # nobody can write any more
+    broke = time.monotonic()
+    await wait_for(lambda: not a.is_leader, within=DURATION_S)
+    stepped_down = time.monotonic() - broke
+    assert stepped_down <= a.deadline_s + 0.1 < DURATION_S
+    assert not b.is_leader  # b could not write either
+
+    kube.clear_faults()
+    await wait_for(lambda: a.is_leader or b.is_leader, within=DURATION_S + 2)
+    await exactly_one_leader([a, b], over_s=1.0)
+
+
+async def test_an_unreachable_api_leaves_a_follower_a_follower(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    kube.inject(Fault("lease-get", status=403, times=None))
+    a = lease_elector(api, "conductor-a_1")
+    electors.append(a)
+    await a.start()
+    await asyncio.sleep(DURATION_S / 2)
+    assert not a.is_leader
+    assert kube.lease(LEASE) is None
+    kube.clear_faults()
+    await wait_for(lambda: a.is_leader, within=DURATION_S)
+
+
+async def test_slow_api_answers_do_not_extend_leadership(
+    kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
+) -> None:
+    a = lease_elector(api, "conductor-a_1")
+    electors.append(a)
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    kube.inject(Fault("lease-get", delay=DURATION_S, times=None))  # beyond the request timeout
+    await wait_for(lambda: not a.is_leader, within=DURATION_S)
+    kube.clear_faults()
+    await wait_for(lambda: a.is_leader, within=DURATION_S * 2)
+
+
+def test_lease_action_is_pure() -> None:
+    now = datetime(2026, 5, 16, tzinfo=UTC)
+
+    def record(holder: str | None, renewed_s_ago: float) -> kubernetes.LeaseRecord:
+        renewed = now - timedelta(seconds=renewed_s_ago)
+        return kubernetes.LeaseRecord(LEASE, "7", holder, 15, renewed, renewed, 3)
+
+    assert lease_action(None, identity="me", now=now) is LeaseAction.CREATE
+    assert lease_action(record("me", 100), identity="me", now=now) is LeaseAction.RENEW
+    assert lease_action(record("you", 14.9), identity="me", now=now) is LeaseAction.FOLLOW
+    assert lease_action(record("you", 15), identity="me", now=now) is LeaseAction.TAKE_OVER
+    assert lease_action(record(None, 0), identity="me", now=now) is LeaseAction.TAKE_OVER
+
+
+def test_names_and_keys() -> None:
+    assert lease_name("default") == "rig-conductor-reaper"
+    assert lease_name("Team_A") == "rig-conductor-reaper-team-a"
+    assert advisory_key("default") == advisory_key("default") != advisory_key("team-a")
+    assert -(2**63) <= advisory_key("default") < 2**63
+
+
+def test_make_elector_picks_the_backend(
+    api: client.ApiClient, make_settings: Callable[..., Settings]
+) -> None:
+    settings = make_settings(k8s_namespace="agents")
+    assert isinstance(make_elector(settings=settings, api=api), LeaseElector)
+    assert isinstance(make_elector(settings=settings, api=None), AdvisoryLockElector)
+
+
+# --- the PostgreSQL advisory lock ------------------------------------------------------------
+
+PERIOD_S = 0.3
+
+
+def lock_elector(database_url: str, identity: str, key: int = 4242) -> AdvisoryLockElector:
+    return AdvisoryLockElector(
+        database_url=database_url, key=key, identity=identity, period_s=PERIOD_S
+    )
+
+
+def terminate(database_url: str, pid: int) -> None:
+    conninfo = make_url(database_url).set(drivername="postgresql")
+    with psycopg.connect(conninfo.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+async def test_advisory_lock_one_leader_and_takeover(
+    database_url: str, electors: list[Elector]
+) -> None:
+    changes = Changes()
+    a = AdvisoryLockElector(
+        database_url=database_url, key=4242, identity="a", period_s=PERIOD_S, on_change=changes
+    )
+    b = lock_elector(database_url, "b")
+    electors += [a, b]
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    await b.start()
+    await exactly_one_leader([a, b], over_s=1.0)
+
+    # The leader's connection is cut (a failover, an admin): it knows at once, not at its next
+    # check, and then competes again on a new connection like everybody else.
+    assert a.backend_pid is not None
+    lost = time.monotonic()
+    await asyncio.to_thread(terminate, database_url, a.backend_pid)
+    await wait_for(lambda: changes.seen[:2] == [True, False], within=2)
+    assert time.monotonic() - lost < 0.5
+    await wait_for(lambda: a.is_leader or b.is_leader, within=PERIOD_S + 1)
+    await exactly_one_leader([a, b], over_s=1.0)
+
+    # A stopping leader lets go at once.
+    leader, follower = (a, b) if a.is_leader else (b, a)
+    await leader.stop()
+    await wait_for(lambda: follower.is_leader, within=PERIOD_S + 1)
+
+
+async def test_advisory_lock_dead_process_releases(
+    database_url: str, electors: list[Elector]
+) -> None:
+    a, b = lock_elector(database_url, "a"), lock_elector(database_url, "b")
+    electors += [a, b]
+    await a.start()
+    await wait_for(lambda: a.is_leader, within=5)
+    await b.start()
+    await asyncio.sleep(PERIOD_S)
+    await a.stop(release=False)  # no unlock: only its session closing frees the lock
+    await wait_for(lambda: b.is_leader, within=PERIOD_S + 1)
+
+
+async def test_advisory_locks_are_per_key(database_url: str, electors: list[Elector]) -> None:
+    a, b = lock_elector(database_url, "a", key=1), lock_elector(database_url, "b", key=2)
+    electors += [a, b]
+    await a.start()
+    await b.start()
+    await wait_for(lambda: a.is_leader and b.is_leader, within=5)
+
+
+async def test_an_unreachable_database_is_no_leadership(electors: list[Elector]) -> None:
+    a = lock_elector("postgresql+psycopg://nobody@127.0.0.1:1/none", "a")
+    electors.append(a)
+    await a.start()
+    await asyncio.sleep(PERIOD_S * 2)
+    assert not a.is_leader
