@@ -37,6 +37,7 @@ typecheck: install
 bench: install
 	$(BIN)/python bench/reclaim.py
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/recover.py
 
 ## Helm chart and Dockerfile checks with the real helm, kubernetes-validate and hadolint.
 chart:
