@@ -159,11 +159,13 @@ def load_settings(**overrides: Any) -> Settings:
         raise SettingsError(explain(exc)) from None
 
 
-def explain(exc: ValidationError) -> str:
+def explain(exc: ValidationError, *, secret: frozenset[str] = _SECRET_FIELDS) -> str:
+    """The first validation error as `RIG_<FIELD>: <problem> (got <value>)`; secret values
+    (`secret`: field names) are never echoed."""
     error = exc.errors(include_url=False)[0]
     field = str(error["loc"][0]) if error["loc"] else "?"
     message = str(error["msg"]).removeprefix("Value error, ")
     variable = ENV_PREFIX + field.upper()
-    if field in _SECRET_FIELDS or "input" not in error:
+    if field in secret or "input" not in error:
         return f"{variable}: {message}"
     return f"{variable}: {message} (got {error['input']!r})"

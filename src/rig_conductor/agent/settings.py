@@ -11,7 +11,7 @@ import httpx
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rig_conductor.settings import ENV_PREFIX, SettingsError
+from rig_conductor.settings import ENV_PREFIX, SettingsError, explain
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
 _SECRET_FIELDS = frozenset({"redis_url", "api_token"})
@@ -102,14 +102,4 @@ def load_agent_settings(**overrides: Any) -> AgentSettings:
     try:
         return AgentSettings(**overrides)
     except ValidationError as exc:
-        raise SettingsError(explain(exc)) from None
-
-
-def explain(exc: ValidationError) -> str:
-    error = exc.errors(include_url=False)[0]
-    field = str(error["loc"][0]) if error["loc"] else "?"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    variable = ENV_PREFIX + field.upper()
-    if field in _SECRET_FIELDS or "input" not in error:
-        return f"{variable}: {message}"
-    return f"{variable}: {message} (got {error['input']!r})"
+        raise SettingsError(explain(exc, secret=_SECRET_FIELDS)) from None
