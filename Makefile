@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test test-unit lint typecheck bench chart clean
+.PHONY: install run test test-unit lint typecheck bench chaos chaos-quick chart clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -38,6 +38,13 @@ bench: install
 	$(BIN)/python bench/reclaim.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/recover.py
+
+## Chaos soak: agents SIGKILLed, the conductor restarted; exit 1 on lost or doubled work.
+chaos: install
+	$(BIN)/python bench/chaos.py
+
+chaos-quick: install
+	$(BIN)/python bench/chaos.py --quick
 
 ## Helm chart and Dockerfile checks with the real helm, kubernetes-validate and hadolint.
 chart:

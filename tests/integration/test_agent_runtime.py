@@ -534,3 +534,20 @@ async def test_sigterm_finishes_the_current_entry_and_exits_0(
     assert await assignment(engine, entry_id) == ("done", 1)
     assert f"Entry {entry_id} (issue rc-11, attempt 1): completed" in stderr
     assert "SIGTERM received" in stderr and "Traceback" not in stderr
+
+
+async def test_nothing_is_read_before_the_conductor_accepts_a_heartbeat(
+    redis: Redis, settings: Callable[..., AgentSettings], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A consumer that held entries without ever heartbeating by name could never be judged down.
+    await redis.xgroup_create(S, G, id="0", mkstream=True)
+    await redis.xadd(S, {"type": "ISSUE_ASSIGNED", "issueId": "rc-0"})
+    handled: list[str] = []
+    with caplog.at_level("WARNING", logger="rig_conductor.agent"):
+        async with running(
+            lambda entry: handled.append(entry.id), settings(conductor_url="http://127.0.0.1:1")
+        ):
+            await asyncio.sleep(1.5)
+            assert (await redis.xpending(S, G))["pending"] == 0
+    assert handled == []
+    assert "reading nothing until the conductor accepts one" in caplog.text

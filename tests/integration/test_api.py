@@ -299,10 +299,30 @@ async def test_postgres_down_answers_503(build: Callable[..., FastAPI], redis: R
     async for api in _client(build(database_url="postgresql+psycopg://postgres@127.0.0.1:1/rig")):
         answer = await api.post("/api/events", json=heartbeat())
         assert answer.status_code == 503 and "PostgreSQL" in answer.json()["detail"]
-        assert (await api.post("/api/events", json=assigned())).status_code == 503
-        assert await redis.exists("rig:dispatch") == 0  # nothing appended without its record
         assert (await api.get("/readyz")).status_code == 503
         assert (await api.get("/healthz")).status_code == 200
+
+
+async def test_a_dispatch_cut_off_before_its_record_is_completed_by_the_retry(
+    build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine
+) -> None:
+    # The append happened, PostgreSQL did not answer (or the process died right after).
+    async for broken in _client(build(database_url="postgresql+psycopg://postgres@127.0.0.1:1/x")):
+        cut_off = await broken.post("/api/events", json=assigned())
+        assert cut_off.status_code == 503
+    [(entry_id, _)] = await redis.xrange("rig:dispatch")
+    # The client retries against a healthy conductor: the same entry, nothing appended again,
+    # and the record is completed once.
+    async for api in _client(build()):
+        retry = await api.post("/api/events", json=assigned())
+        again = await api.post("/api/events", json=assigned())
+    assert (retry.status_code, again.status_code) == (200, 200)
+    assert retry.json()["entryId"] == again.json()["entryId"] == entry_id
+    assert await redis.xlen("rig:dispatch") == 1
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(dispatches))).all()
+        recorded = await queries.count_events(engine, tenant="default", kind="ISSUE_ASSIGNED")
+    assert [r.entry_id for r in rows] == [entry_id] and recorded == 1
 
 
 def work(kind: str, consumer: str, entry: str, attempt: int | None = None) -> dict[str, Any]:

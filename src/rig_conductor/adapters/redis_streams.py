@@ -202,6 +202,36 @@ async def sweep(
     return results
 
 
+# Append an entry at most once per idempotency key, atomically: a repeat, however concurrent and
+# whatever crashed in between, gets the first entry's id and appends nothing.
+# KEYS: stream, the key's marker. ARGV: marker TTL in seconds, then field, value, ...
+# Returns {entry id, 1 if appended now else 0}.
+_APPEND_ONCE_LUA = """
+local existing = redis.call('GET', KEYS[2])
+if existing then return {existing, 0} end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[1]))
+return {id, 1}
+"""
+
+
+async def append_once(
+    client: Redis,
+    *,
+    stream: StreamKey,
+    key: str,
+    fields: Mapping[str, str],
+    remember_s: int,
+) -> tuple[EntryId, bool]:
+    """XADD `fields` unless `key` was appended within `remember_s`; (entry id, appended now)."""
+    script = client.register_script(_APPEND_ONCE_LUA)
+    args: list[str | int] = [remember_s]
+    for name, value in fields.items():
+        args += [name, value]
+    entry_id, appended = await script(keys=[stream, f"{stream}:dispatched:{key}"], args=args)
+    return EntryId(str(entry_id)), bool(appended)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """One entry of a `<stream>:dlq`: the diagnostics and the original fields."""

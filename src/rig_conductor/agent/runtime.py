@@ -255,6 +255,8 @@ class Agent:
                 self.consumer,
                 self.group,
             )
+            if not await self._introduce():
+                return
             beat = asyncio.create_task(self._heartbeats(), name="rig-agent-heartbeats")
             work = asyncio.create_task(self._consume(), name="rig-agent-consume")
             try:
@@ -387,6 +389,30 @@ class Agent:
         )
         for entry_id, fields in _entries(reply):
             await self._process(entry_id, fields)
+
+    async def _introduce(self) -> bool:
+        """Heartbeat by name before reading anything; False if stopped first.
+
+        A consumer that holds entries must be one the conductor has heard of: a consumer that
+        never heartbeated, of an agent whose other consumers do, could never be judged down, and
+        its entries would stay pending forever.
+        """
+        attempt = 0
+        while not self.stop.is_set():
+            try:
+                await self._conductor.heartbeat()
+                return True
+            except (ConductorUnavailable, ConductorRejected) as exc:
+                attempt += 1
+                delay = min(backoff(attempt), _PAUSE_MAX_S)
+                logger.warning(
+                    "First heartbeat failed (%s): reading nothing until the conductor accepts "
+                    "one; retrying in %.1fs",
+                    exc,
+                    delay,
+                )
+                await self._sleep(delay)
+        return False
 
     async def _await_conductor(self) -> None:
         """While the conductor is unreachable, read nothing: every read counts as a delivery and

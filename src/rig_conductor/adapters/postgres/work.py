@@ -4,11 +4,11 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -16,14 +16,7 @@ from rig_conductor.adapters.postgres.tables import assignments, dispatches, even
 from rig_conductor.domain import EntryId
 
 
-@dataclass(frozen=True, slots=True)
-class Dispatched:
-    stream: str
-    entry_id: str
-    created: bool  # False: the key had been dispatched before; nothing was appended
-
-
-async def dispatch_once(
+async def record_dispatch(
     engine: AsyncEngine,
     *,
     tenant: str,
@@ -31,43 +24,30 @@ async def dispatch_once(
     issue_id: str,
     agent_id: str,
     stream: str,
-    append: Callable[[], Awaitable[str]],
-) -> Dispatched:
-    """Run `append` (the XADD) at most once per idempotency key.
+    entry_id: str,
+) -> bool:
+    """Record an appended dispatch once per idempotency key; True when recorded now.
 
-    The key's row is inserted first and stays locked by this transaction while `append` runs:
-    a concurrent repeat blocks on it, then finds the committed entry id. If `append` or the
-    commit fails, the transaction rolls back and the key is free for a retry.
+    Called after every append and every repeat: a repeat whose first attempt appended but could
+    not record (PostgreSQL down, or the process killed in between) completes the record, and
+    the ISSUE_ASSIGNED event is written exactly once, with the row.
     """
     async with engine.begin() as conn:
-        claimed = await conn.execute(
+        inserted = await conn.execute(
             insert(dispatches)
             .values(
                 tenant=tenant,
                 idempotency_key=key,
                 stream=stream,
-                entry_id="",
+                entry_id=entry_id,
                 issue_id=issue_id,
                 agent_id=agent_id,
             )
             .on_conflict_do_nothing()
             .returning(dispatches.c.idempotency_key)
         )
-        if claimed.first() is None:
-            row = (
-                await conn.execute(
-                    select(dispatches.c.stream, dispatches.c.entry_id).where(
-                        dispatches.c.tenant == tenant, dispatches.c.idempotency_key == key
-                    )
-                )
-            ).one()
-            return Dispatched(row.stream, row.entry_id, created=False)
-        entry_id = await append()
-        await conn.execute(
-            update(dispatches)
-            .where(dispatches.c.tenant == tenant, dispatches.c.idempotency_key == key)
-            .values(entry_id=entry_id)
-        )
+        if inserted.first() is None:
+            return False
         await conn.execute(
             events.insert().values(
                 tenant=tenant,
@@ -79,7 +59,7 @@ async def dispatch_once(
                 detail={"idempotencyKey": key},
             )
         )
-    return Dispatched(stream, entry_id, created=True)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

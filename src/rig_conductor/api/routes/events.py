@@ -10,10 +10,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Request
 from fastapi.responses import JSONResponse
 
+from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
-from rig_conductor.domain import AgentId, ConsumerName
+from rig_conductor.domain import AgentId, ConsumerName, StreamKey
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["events"])
@@ -60,35 +61,38 @@ async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> JSONResponse
 
 
 async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONResponse:
-    stream = rt.settings.dispatch_stream
-
-    async def append() -> str:
-        entry_id = await rt.redis.xadd(
-            stream,
-            {
-                "type": "ISSUE_ASSIGNED",
-                "issueId": event.issue_id,
-                "agentId": event.agent_id,
-                "payload": json.dumps(event.payload, separators=(",", ":")),
-                "assignedAt": datetime.now(UTC).isoformat(),
-            },
-        )
-        return str(entry_id)
-
-    done = await work.dispatch_once(
+    """Append first, atomically and at most once per key (in Redis, beside the stream); then
+    record it in PostgreSQL, also at most once. A crash or an outage between the two leaves the
+    record for the retry to complete, never a second entry."""
+    stream = StreamKey(rt.settings.dispatch_stream)
+    key = event.idempotency_key or event.issue_id
+    entry_id, appended = await redis_streams.append_once(
+        rt.redis,
+        stream=stream,
+        key=key,
+        fields={
+            "type": "ISSUE_ASSIGNED",
+            "issueId": event.issue_id,
+            "agentId": event.agent_id,
+            "payload": json.dumps(event.payload, separators=(",", ":")),
+            "assignedAt": datetime.now(UTC).isoformat(),
+        },
+        remember_s=rt.settings.event_retention_days * 86_400,
+    )
+    await work.record_dispatch(
         rt.engine,
         tenant=rt.settings.tenant,
-        key=event.idempotency_key or event.issue_id,
+        key=key,
         issue_id=event.issue_id,
         agent_id=event.agent_id,
         stream=stream,
-        append=append,
+        entry_id=entry_id,
     )
-    if done.created:
+    if appended:
         rt.metrics.dispatched.labels(stream).inc()
-        logger.info("Dispatched %s to %s as %s", event.issue_id, stream, done.entry_id)
-    body = schemas.DispatchResult(stream=done.stream, entry_id=done.entry_id)
-    return JSONResponse(body.model_dump(by_alias=True), status_code=201 if done.created else 200)
+        logger.info("Dispatched %s to %s as %s", event.issue_id, stream, entry_id)
+    body = schemas.DispatchResult(stream=stream, entry_id=entry_id)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=201 if appended else 200)
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:

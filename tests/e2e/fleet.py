@@ -1,0 +1,206 @@
+"""Real `rig-conductor agent` processes for the end-to-end tests, and the state they check.
+
+Every process logs to a file (a pipe nobody reads would fill up and stall it) and is reaped
+when the fleet closes: SIGTERM, then SIGKILL for one that does not stop in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import httpx
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import events
+
+REPO = Path(__file__).resolve().parents[2]
+STREAM = "rig:dispatch"
+DLQ = f"{STREAM}:dlq"
+GROUP = "builders"
+HANDLER = "tests.e2e.handlers:build"
+STOP_TIMEOUT_S = 20.0
+
+
+def conductor_env(agent_ids: list[str], **extra: str) -> dict[str, str]:
+    """`rig-conductor serve` settings on short thresholds: a dead agent is noticed in seconds."""
+    return {
+        "RIG_STREAMS": STREAM,
+        "RIG_DISPATCH_STREAM": STREAM,
+        "RIG_AGENT_IDS": ",".join(agent_ids),
+        "RIG_ENTRY_STALE_MS": "1000",
+        "RIG_AGENT_DOWN_MS": "3000",
+        "RIG_SCAN_INTERVAL_S": "0.5",
+        "RIG_STARTUP_DELAY_S": "0",
+        "RIG_K8S_ENABLED": "false",
+        **extra,
+    }
+
+
+@dataclass
+class AgentProcess:
+    agent_id: str
+    consumer: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no handler finishes, nothing is acked, heartbeats stop."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> int:
+        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@dataclass
+class Fleet:
+    """Agents of one group; `with Fleet(...) as fleet:` reaps them all on exit."""
+
+    redis_url: str
+    conductor_url: str
+    workdir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    agents: list[AgentProcess] = field(default_factory=list)
+
+    def start(self, agent_id: str, consumer: str, **env: str) -> AgentProcess:
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+        python_path = [p for p in (environment.get("PYTHONPATH"), str(REPO)) if p]
+        environment.update(
+            PYTHONPATH=os.pathsep.join(python_path),
+            RIG_REDIS_URL=self.redis_url,
+            RIG_CONDUCTOR_URL=self.conductor_url,
+            RIG_HEARTBEAT_INTERVAL_S="0.5",
+            RIG_SCAN_INTERVAL_S="1",
+            CONSUMER_ID=consumer,
+            **self.env,
+            **env,
+        )
+        log = self.workdir / "logs" / f"{consumer}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "rig_conductor", "agent", "--agent-id", agent_id]
+        command += ["--group", GROUP, "--stream", STREAM, "--handler", HANDLER]
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                command,
+                cwd=self.workdir,
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
+        agent = AgentProcess(agent_id, consumer, process, log)
+        self.agents.append(agent)
+        return agent
+
+    def stop_all(self) -> dict[str, int]:
+        return {agent.consumer: agent.stop() for agent in self.agents}
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop_all()
+
+
+class Completion(NamedTuple):
+    consumer: str
+    attempt: int
+
+
+async def dispatch(api: httpx.AsyncClient, issue: str, payload: dict[str, Any]) -> str:
+    answer = await api.post(
+        "/api/events",
+        json={"type": "ISSUE_ASSIGNED", "issueId": issue, "agentId": "builder", "payload": payload},
+    )
+    assert answer.status_code == 201, answer.text
+    entry_id: str = answer.json()["entryId"]
+    return entry_id
+
+
+async def heard_from(api: httpx.AsyncClient, consumer: str) -> bool:
+    agents = (await api.get("/api/agents")).json()
+    return any(consumer in agent["consumers"] for agent in agents)
+
+
+async def pending(redis: Redis, consumer: str | None = None) -> dict[str, str]:
+    """The group's (or one consumer's) pending list: entry id -> owner."""
+    rows = await redis.xpending_range(
+        STREAM, GROUP, min="-", max="+", count=100_000, consumername=consumer
+    )
+    return {row["message_id"]: row["consumer"] for row in rows}
+
+
+async def accepted_completions(engine: AsyncEngine) -> dict[str, list[Completion]]:
+    """entry id -> the WORK_COMPLETED reports the conductor accepted (not fenced)."""
+    query = select(events.c.entry_id, events.c.consumer, events.c.attempt).where(
+        events.c.kind == "WORK_COMPLETED", events.c.stream == STREAM, events.c.fenced.is_(False)
+    )
+    found: dict[str, list[Completion]] = defaultdict(list)
+    async with engine.connect() as conn:
+        for row in await conn.execute(query.order_by(events.c.id)):
+            found[row.entry_id].append(Completion(row.consumer, row.attempt))
+    return dict(found)
+
+
+async def work_events(engine: AsyncEngine, entry_id: str) -> list[tuple[str, int, bool]]:
+    """(kind, attempt, fenced) of every WORK_* report about one entry, in order."""
+    query = select(events.c.kind, events.c.attempt, events.c.fenced).where(
+        events.c.stream == STREAM, events.c.entry_id == entry_id, events.c.kind.like("WORK_%")
+    )
+    async with engine.connect() as conn:
+        rows = await conn.execute(query.order_by(events.c.id))
+        return [(row.kind, row.attempt, row.fenced) for row in rows]
+
+
+async def dead_letters(redis: Redis) -> dict[str, dict[str, str]]:
+    """originalId -> the dead letter's fields, from `<stream>:dlq`."""
+    return {fields["originalId"]: fields for _, fields in await redis.xrange(DLQ)}
+
+
+def effects(out: Path) -> dict[str, dict[str, Any]]:
+    """Committed effect files: issue id -> the file's content."""
+    directory = out / "effects"
+    if not directory.is_dir():
+        return {}
+    return {
+        path.stem: json.loads(path.read_text())
+        for path in directory.iterdir()
+        if not path.name.startswith(".")
+    }
+
+
+def staged_leftovers(out: Path) -> list[str]:
+    return sorted(str(path.relative_to(out)) for path in out.rglob(".*.tmp"))
+
+
+def calls(out: Path, issue: str) -> list[str]:
+    """Markers the handler left for each call on `issue`: `<issue>.<consumer>.a<attempt>`."""
+    directory = out / "calls"
+    return sorted(p.name for p in directory.glob(f"{issue}.*")) if directory.is_dir() else []

@@ -1,0 +1,63 @@
+"""Handlers the end-to-end tests run inside real `rig-conductor agent` processes.
+
+Configured through the environment of the agent process:
+
+- `E2E_OUT_DIR` (required): effects go to `effects/<issueId>.json`, staged with `entry.stage`,
+  so a file appears only once the conductor has accepted the attempt's completion. Every call
+  also leaves a marker `calls/<issueId>.<consumer>.a<attempt>` before doing anything else.
+- `E2E_WORK_S` (default 0.05): the work, a sleep.
+- `E2E_FAIL_FIRST` (default 0): the first N calls in this process raise (a flaky worker).
+- `E2E_HOLD_FILE`: once the failures are spent, a call blocks while this file exists and
+  writes `holding-<consumer>` first (a worker stuck in a long build, about to be killed).
+
+An issue dispatched with payload `{"poison": true}` fails on every call.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from rig_conductor.agent import Entry
+
+_lock = threading.Lock()
+_calls = 0
+
+
+class BuildFailed(RuntimeError):
+    pass
+
+
+def build(entry: Entry) -> None:
+    out = Path(os.environ["E2E_OUT_DIR"])
+    issue = entry.fields["issueId"]
+    marker = out / "calls" / f"{issue}.{entry.consumer}.a{entry.attempt}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+    if json.loads(entry.fields.get("payload") or "{}").get("poison"):
+        raise BuildFailed(f"{issue} is poison: its build fails every time")
+    if _next_call() <= int(os.environ.get("E2E_FAIL_FIRST", "0")):
+        raise BuildFailed(f"{issue}: flaky worker {entry.consumer} failed the build")
+    hold = os.environ.get("E2E_HOLD_FILE")
+    if hold and os.path.exists(hold):
+        (out / f"holding-{entry.consumer}").write_text(entry.id)
+        while os.path.exists(hold):
+            time.sleep(0.05)
+    time.sleep(float(os.environ.get("E2E_WORK_S", "0.05")))
+    effect = {
+        "issueId": issue,
+        "entryId": entry.id,
+        "consumer": entry.consumer,
+        "attempt": entry.attempt,
+    }
+    entry.stage(out / "effects" / f"{issue}.json").write_text(json.dumps(effect))
+
+
+def _next_call() -> int:
+    global _calls
+    with _lock:
+        _calls += 1
+        return _calls
