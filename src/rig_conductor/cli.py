@@ -77,8 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(command=_demo)
 
     from rig_conductor.agent import cli as agent_cli
+    from rig_conductor.audit import main as audit
 
     agent_cli.add_parser(sub)
+    audit.add_parser(sub)
     return parser
 
 
