@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psycopg
 from pyspark.sql import SparkSession
-from sqlalchemy.engine import make_url
 
+from common import conninfo, ensure_database
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.audit import main as audit
 from rig_conductor.audit import sources
@@ -96,28 +96,6 @@ SELECT %(tenant)s,
        END
  ORDER BY i, k
 """
-
-
-class BenchError(Exception):
-    pass
-
-
-def conninfo(url: str, database: str | None = None) -> str:
-    parsed = make_url(url).set(drivername="postgresql")
-    if database is not None:
-        parsed = parsed.set(database=database)
-    return parsed.render_as_string(hide_password=False)
-
-
-def ensure_database(url: str) -> None:
-    name = make_url(url).database
-    if not name:
-        raise BenchError("RIG_BENCH_DATABASE_URL names no database")
-    with psycopg.connect(conninfo(url, "postgres"), autocommit=True) as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if found is None:
-            quoted = name.replace('"', '""')
-            conn.execute(f'CREATE DATABASE "{quoted}"'.encode())
 
 
 def ensure_dataset(url: str, events: int) -> tuple[str, int, float]:

@@ -44,6 +44,8 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
+from common import BenchError, conninfo, ensure_database
+
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/rig_bench_ingest"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 GOAL_RATIO = 0.75
@@ -66,10 +68,6 @@ AGENTS = tuple(f"{role}{variant}" for variant in VARIANTS for role in ROLES)[:50
 PODS_PER_AGENT = 10  # 500 consumer names
 
 
-class BenchError(RuntimeError):
-    """A server, the load generator or a result check failed: the numbers would be meaningless."""
-
-
 def heartbeat_bodies() -> list[str]:
     """One HEARTBEAT body per consumer; consumer i belongs to agent i % 50."""
     bodies = []
@@ -88,25 +86,6 @@ def heartbeat_bodies() -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # Database
-
-
-def conninfo(url: str, database: str | None = None) -> str:
-    """The libpq form of a SQLAlchemy URL (psycopg takes postgresql://...)."""
-    target = make_url(url).set(drivername="postgresql")
-    if database is not None:
-        target = target.set(database=database)
-    return target.render_as_string(hide_password=False)
-
-
-def ensure_database(url: str) -> None:
-    name = make_url(url).database
-    if not name:
-        raise BenchError("RIG_BENCH_DATABASE_URL names no database")
-    with psycopg.connect(conninfo(url, "postgres"), autocommit=True) as conn:
-        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if found is None:
-            quoted = name.replace('"', '""')
-            conn.execute(f'CREATE DATABASE "{quoted}"'.encode())
 
 
 def migrate(url: str, redis_url: str, workdir: Path) -> None:

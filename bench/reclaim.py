@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import redis as redis_pkg
 from redis.asyncio import Redis
-from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from common import BenchError, ensure_database
 from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg_engine
@@ -110,10 +110,6 @@ return #r[1][2]
 """
 
 
-class BenchError(RuntimeError):
-    """A data set or a result did not verify: the numbers would be meaningless."""
-
-
 # --------------------------------------------------------------------------------------------
 # Servers
 
@@ -142,25 +138,6 @@ def servers() -> Iterator[Servers]:
             ensure_database(database_url)
         migrations.upgrade(database_url)
         yield Servers(redis_url or embedded.redis_url, database_url, "embedded")
-
-
-def ensure_database(url: str) -> None:
-    """CREATE DATABASE <name> through the server's `postgres` database when it is missing."""
-    target = make_url(url)
-    name = target.database
-    if not name:
-        raise BenchError("RIG_BENCH_DATABASE_URL names no database")
-    admin = create_sync_engine(target.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            found = conn.execute(
-                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
-            ).first()
-            if found is None:
-                quoted = name.replace('"', '""')
-                conn.execute(text(f'CREATE DATABASE "{quoted}"'))
-    finally:
-        admin.dispose()
 
 
 def redact(url: str) -> str:
