@@ -123,6 +123,9 @@ def test_schema_behind_is_refused_until_migrated(
     assert reap.returncode == 2
     assert "run `rig-conductor migrate`" in reap.stderr
     assert run("check", env=behind).returncode == 1
+    serve = run("serve", env={**behind, "RIG_HTTP_PORT": "1"})  # refused before it binds
+    assert serve.returncode == 2
+    assert "run `rig-conductor migrate`" in serve.stderr and "Traceback" not in serve.stderr
     first = run("migrate", env=behind)
     assert first.returncode == 0, first.stderr
     assert run("migrate", env=behind).returncode == 0  # idempotent
