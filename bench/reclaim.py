@@ -553,7 +553,7 @@ class QuietResult:
     consumers: int
     pending: int
     runs_ms: list[float]
-    pending_reads: int = 0  # pending_entries calls over all quiet scans: 0 = no PEL was read
+    pending_reads: int = 0  # sweep calls over all quiet scans: 0 = no pending list was read
 
     @property
     def median_ms(self) -> float:
@@ -564,7 +564,7 @@ async def run_quiet(bench: Bench, consumers: int, cases: Sequence[int]) -> list[
     """Warm up, then alternate the cases so load from elsewhere hits them alike."""
     streams = await build_quiet_set(bench, consumers, cases)
     results = [QuietResult(consumers, pending, []) for pending in cases]
-    with log_level(False), counting(redis_streams, "pending_entries") as pending_reads:
+    with log_level(False), counting(redis_streams, "sweep") as pending_reads:
         for attempt in range(QUIET_RUNS + 1):
             for stream, result in zip(streams, results, strict=True):
                 settings = bench.settings(stream, QUIET_AGENTS, QUIET_STALE_MS)
@@ -697,10 +697,7 @@ def print_quiet(small: QuietResult, big: QuietResult) -> None:
     ratio = big.median_ms / small.median_ms
     out(f"  ratio big/small {ratio:.2f}   goal <= 1.5   {verdict(ratio <= 1.5)}")
     scans = 2 * (QUIET_RUNS + 1)
-    out(
-        f"  pending lists read in the {scans} quiet scans (pending_entries calls): "
-        f"{big.pending_reads}"
-    )
+    out(f"  pending lists read in the {scans} quiet scans (sweep calls): {big.pending_reads}")
     out()
 
 
@@ -820,8 +817,7 @@ def phase_timer() -> Iterator[dict[str, float]]:
         redis_streams: (
             "resolve_streams",
             "describe_groups",
-            "pending_entries",
-            "claim",
+            "sweep",
             "dead_letter",
         ),
         queries: ("load_evidence", "append_events"),
