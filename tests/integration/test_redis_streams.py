@@ -108,48 +108,34 @@ async def _pending(redis: Redis, consumer: str, min_idle: int = 0) -> list[Pendi
     )
 
 
-async def test_claim_moves_entries_without_raising_delivery_count(any_redis: Redis) -> None:
+async def _sweep(redis: Redis, target: str, owner: str) -> list[str]:
+    """Everything `owner` holds, moved to `target` by the server-side sweep; the ids moved."""
+    rule = redis_streams.SweepRule(ConsumerName(owner), min_idle_ms=0, max_deliveries=10)
+    swept = await redis_streams.sweep(
+        redis, stream=S, group=G, rules=[rule], target=ConsumerName(target)
+    )
+    return list(swept[ConsumerName(owner)].moved)
+
+
+async def test_sweep_moves_entries_without_raising_delivery_count(any_redis: Redis) -> None:
     ids = await fill(any_redis, S, G, 2500)
     await read(any_redis, S, G, "a-0", 2500)
     await register(any_redis, S, G, "b-0")
     await asyncio.sleep(0.02)
-    entries = await _pending(any_redis, "a-0")
-    claimed = await redis_streams.claim(
-        any_redis, stream=S, group=G, target=ConsumerName("b-0"), entries=entries
-    )
-    assert sorted(claimed) == sorted(ids)
+    assert sorted(await _sweep(any_redis, "b-0", "a-0")) == sorted(ids)
     assert set((await owners(any_redis, S, G)).values()) == {"b-0"}
     assert {e.deliveries for e in await _pending(any_redis, "b-0")} == {1}
 
 
-async def test_claim_leaves_entries_touched_since_the_scan(any_redis: Redis) -> None:
-    ids = await fill(any_redis, S, G, 3)
-    await read(any_redis, S, G, "a-0", 3)
-    await register(any_redis, S, G, "b-0")
-    await asyncio.sleep(0.3)
-    seen = await _pending(any_redis, "a-0", min_idle=250)
-    # After the scan looked: the owner acks one, and another conductor claims one.
-    await any_redis.xack(S, G, ids[0])
-    await any_redis.xclaim(S, G, "c-0", min_idle_time=0, message_ids=[ids[1]], justid=True)
-    claimed = await redis_streams.claim(
-        any_redis, stream=S, group=G, target=ConsumerName("b-0"), entries=seen
-    )
-    assert claimed == [ids[2]]
-    assert await owners(any_redis, S, G) == {ids[1]: "c-0", ids[2]: "b-0"}
-
-
-async def test_claim_tolerates_trimmed_entries(any_redis: Redis) -> None:
+async def test_sweep_tolerates_trimmed_entries(any_redis: Redis) -> None:
     ids = await fill(any_redis, S, G, 3)
     await read(any_redis, S, G, "a-0", 3)
     await register(any_redis, S, G, "b-0")
     await any_redis.xdel(S, ids[1])
-    entries = await _pending(any_redis, "a-0")
-    claimed = await redis_streams.claim(
-        any_redis, stream=S, group=G, target=ConsumerName("b-0"), entries=entries
-    )
-    assert ids[0] in claimed and ids[2] in claimed
+    moved = await _sweep(any_redis, "b-0", "a-0")
+    assert ids[0] in moved and ids[2] in moved
     # Redis 7 drops a deleted entry from the pending list on XCLAIM; 6.2 moves it like any other.
-    assert ids[1] not in (await owners(any_redis, S, G)) or ids[1] in claimed
+    assert ids[1] not in (await owners(any_redis, S, G)) or ids[1] in moved
 
 
 async def test_dead_letter_copies_with_diagnostics_and_acks(any_redis: Redis) -> None:

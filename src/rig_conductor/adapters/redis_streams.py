@@ -27,8 +27,6 @@ from rig_conductor.domain import (
 logger = logging.getLogger(__name__)
 
 PAGE_SIZE = 10_000  # XPENDING rows per call
-CLAIM_BATCH = 1_000  # ids per XCLAIM
-PIPELINE_DEPTH = 64  # commands sent per round trip
 _GLOB_CHARS = frozenset("*?[")
 
 # Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
@@ -371,41 +369,6 @@ async def pending_entries(
                 next_cursors[consumer] = "(" + page[-1]["message_id"]
         cursors = next_cursors
     return entries
-
-
-async def claim(
-    client: Redis,
-    *,
-    stream: StreamKey,
-    group: GroupName,
-    target: ConsumerName,
-    entries: Sequence[PendingEntry],
-) -> list[EntryId]:
-    """XCLAIM the entries to `target`; returns the ids actually moved.
-
-    Each XCLAIM's min-idle is the least idle time the scan observed among its ids (entries are
-    batched in order of idle time), never a blanket 0: an entry acked, re-read or claimed by
-    another conductor since the scan looked has a younger idle time and stays where it is.
-    JUSTID keeps the delivery count honest: it rises when a consumer reads the entry, not here.
-    """
-    ordered = sorted(entries, key=lambda e: e.idle_ms, reverse=True)
-    batches = [ordered[i : i + CLAIM_BATCH] for i in range(0, len(ordered), CLAIM_BATCH)]
-    claimed: list[EntryId] = []
-    for start in range(0, len(batches), PIPELINE_DEPTH):
-        async with client.pipeline(transaction=False) as pipe:
-            for batch in batches[start : start + PIPELINE_DEPTH]:
-                pipe.xclaim(
-                    stream,
-                    group,
-                    target,
-                    min_idle_time=batch[-1].idle_ms,
-                    message_ids=[e.id for e in batch],
-                    justid=True,
-                )
-            replies = await pipe.execute()
-        for reply in replies:
-            claimed.extend(reply)
-    return claimed
 
 
 async def dead_letter(

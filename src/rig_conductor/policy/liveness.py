@@ -163,10 +163,3 @@ class Fleet:
 def judge_owner(consumer: ConsumerName, evidence: Evidence, limits: Limits) -> OwnerVerdict:
     """Rule 3 for one consumer (see `Fleet.owner`)."""
     return Fleet(evidence, limits).owner(consumer)
-
-
-def target_candidate(
-    info: ConsumerInfo, evidence: Evidence, limits: Limits
-) -> TargetCandidate | None:
-    """Rule 5 for one consumer (see `Fleet.target`)."""
-    return Fleet(evidence, limits).target(info)
