@@ -230,6 +230,42 @@ async def append_once(
     return EntryId(str(entry_id)), bool(appended)
 
 
+# Delete a consumer only if it still has no pending entry, checked in the same atomic step.
+# XPENDING <stream> <group> - + 1 <consumer> exists on Redis 6.2 and 7.x alike.
+# KEYS: stream. ARGV: group, consumer. Returns -1 when refused, else DELCONSUMER's reply.
+_DELETE_EMPTY_CONSUMER_LUA = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
+if #pending > 0 then return -1 end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+"""
+
+
+async def delete_empty_consumers(
+    client: Redis, *, consumers: Sequence[tuple[StreamKey, GroupName, ConsumerName]]
+) -> list[str | None]:
+    """XGROUP DELCONSUMER each (stream, group, consumer) that holds nothing, in one round trip.
+
+    Per consumer: None when deleted, else why not (it holds entries again, or the group or
+    stream is gone).
+    """
+    if not consumers:
+        return []
+    script = client.register_script(_DELETE_EMPTY_CONSUMER_LUA)
+    async with client.pipeline(transaction=False) as pipe:
+        for stream, group, consumer in consumers:
+            await script(keys=[stream], args=[group, consumer], client=pipe)
+        replies = await pipe.execute(raise_on_error=False)
+    outcomes: list[str | None] = []
+    for reply in replies:
+        if isinstance(reply, ResponseError):
+            outcomes.append(str(reply))
+        elif int(reply) < 0:
+            outcomes.append("it holds pending entries again")
+        else:
+            outcomes.append(None)
+    return outcomes
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     """One entry of a `<stream>:dlq`: the diagnostics and the original fields."""

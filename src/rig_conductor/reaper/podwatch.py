@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import kubernetes, redis_streams
@@ -394,50 +393,30 @@ class PodWatch:
 
 # --- consumer hygiene ----------------------------------------------------------------------
 
-# Delete a consumer only if it still has no pending entry, checked in the same atomic step.
-# XPENDING <stream> <group> - + 1 <consumer> exists on Redis 6.2 and 7.x alike.
-# KEYS: stream. ARGV: group, consumer. Returns -1 when refused, else DELCONSUMER's reply.
-_DELETE_EMPTY_CONSUMER_LUA = """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
-if #pending > 0 then return -1 end
-return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-"""
-
 
 async def delete_consumers(
     client: Redis, *, removals: Sequence[hygiene.ConsumerRemoval]
 ) -> list[hygiene.ConsumerRemoval]:
     """XGROUP DELCONSUMER each consumer that still holds nothing; returns the ones deleted.
 
-    A consumer that received an entry since the plan was made is refused atomically by the
-    script. A group or stream deleted meanwhile is skipped with a log line.
+    A consumer that received an entry since the plan was made is refused atomically (see
+    `redis_streams.delete_empty_consumers`); a group or stream deleted meanwhile is skipped.
     """
-    if not removals:
-        return []
-    script = client.register_script(_DELETE_EMPTY_CONSUMER_LUA)
-    async with client.pipeline(transaction=False) as pipe:
-        for removal in removals:
-            await script(keys=[removal.stream], args=[removal.group, removal.consumer], client=pipe)
-        replies = await pipe.execute(raise_on_error=False)
+    outcomes = await redis_streams.delete_empty_consumers(
+        client, consumers=[(r.stream, r.group, r.consumer) for r in removals]
+    )
     deleted: list[hygiene.ConsumerRemoval] = []
-    for removal, reply in zip(removals, replies, strict=True):
-        if isinstance(reply, ResponseError):
+    for removal, outcome in zip(removals, outcomes, strict=True):
+        if outcome is None:
+            deleted.append(removal)
+        else:
             logger.info(
                 "Consumer %s of %s/%s not deleted: %s",
                 removal.consumer,
                 removal.stream,
                 removal.group,
-                reply,
+                outcome,
             )
-        elif int(reply) < 0:
-            logger.info(
-                "Consumer %s of %s/%s not deleted: it holds pending entries again",
-                removal.consumer,
-                removal.stream,
-                removal.group,
-            )
-        else:
-            deleted.append(removal)
     return deleted
 
 
