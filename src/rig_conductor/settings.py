@@ -31,8 +31,9 @@ def _comma_list(value: Any) -> Any:
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
 
-class Settings(BaseSettings):
-    """Every RIG_* variable of the contract, validated at start-up."""
+class RigSettings(BaseSettings):
+    """What the conductor's and the agent runtime's settings share: the RIG_ prefix, an optional
+    .env file, the Redis URL and the log format."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -42,6 +43,24 @@ class Settings(BaseSettings):
     )
 
     redis_url: str = "redis://localhost:6379/0"
+    log_format: Literal["text", "json"] = "text"
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str) -> str:
+        if not value.startswith(_REDIS_SCHEMES):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_log_format(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+class Settings(RigSettings):
+    """Every RIG_* variable of the contract, validated at start-up."""
+
     database_url: str = "postgresql+psycopg://postgres:postgres@localhost:5432/rig"
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=1, le=65535)
@@ -58,7 +77,6 @@ class Settings(BaseSettings):
     k8s_namespace: str | None = None
     k8s_label_selector: str = ""
     api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = ()
-    log_format: Literal["text", "json"] = "text"
     tenant: str = Field(default="default", min_length=1)
     event_retention_days: int = Field(default=30, ge=1)
 
@@ -72,7 +90,7 @@ class Settings(BaseSettings):
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
 
-    @field_validator("k8s_enabled", "log_format", mode="before")
+    @field_validator("k8s_enabled", mode="before")
     @classmethod
     def _lower(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
@@ -82,13 +100,6 @@ class Settings(BaseSettings):
     def _some_streams(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if not value:
             raise ValueError("needs at least one stream name or pattern")
-        return value
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: str) -> str:
-        if not value.startswith(_REDIS_SCHEMES):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return value
 
     @field_validator("database_url")

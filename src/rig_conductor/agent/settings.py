@@ -5,30 +5,20 @@ Built once by the agent's CLI and passed down. Only what a worker pod needs: no 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import Field, SecretStr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rig_conductor.settings import ENV_PREFIX, SettingsError, explain
+from rig_conductor.settings import ENV_PREFIX, RigSettings, SettingsError, explain
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
 _SECRET_FIELDS = frozenset({"redis_url", "api_token"})
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(RigSettings):
     """RIG_* variables of the contract's "Agent runtime" section, validated at start-up."""
 
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_file=".env",
-        extra="ignore",
-        frozen=True,
-    )
-
-    redis_url: str = "redis://localhost:6379/0"
     conductor_url: str = "http://localhost:8080"
     api_token: SecretStr | None = None
     heartbeat_interval_s: float = Field(default=10.0, gt=0)
@@ -36,14 +26,6 @@ class AgentSettings(BaseSettings):
     scan_interval_s: float = Field(default=60.0, gt=0)
     max_deliveries: int = Field(default=5, ge=1)
     dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
-    log_format: Literal["text", "json"] = "text"
-
-    @field_validator("redis_url")
-    @classmethod
-    def _redis_url(cls, value: str) -> str:
-        if not value.startswith(_REDIS_SCHEMES):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        return value
 
     @field_validator("conductor_url")
     @classmethod
@@ -60,11 +42,6 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _blank_token(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("log_format", mode="before")
-    @classmethod
-    def _lower(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
 
     @property
     def token(self) -> str | None:
