@@ -46,6 +46,8 @@ class GroupOutcome:
     skipped: int = 0
     # Per owner, the entries moved off it: for the log lines, the event log and the metrics.
     moved: dict[ConsumerName, list[EntryId]] = field(default_factory=dict)
+    # The entries dead-lettered, for the assignment rows.
+    dead: list[redis_streams.DeadLettered] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -301,6 +303,7 @@ async def _dead_letter(
     done = await redis_streams.dead_letter(
         redis, stream=stream, group=group, entries=worn, reason=DEAD_LETTER_REASON
     )
+    outcome.dead = done
     outcome.dead_lettered = len(done)
     outcome.skipped += len(worn) - len(done)
     owners = {entry.id: entry.consumer for entry in worn}
@@ -363,11 +366,7 @@ async def _record(
             consumer=target.consumer,
             entry_ids=moved,
         )
-    dead = [
-        (row.entry_id, row.issue_id, json.loads(row.detail)["deliveries"])
-        for row in rows
-        if row.kind == "DEAD_LETTERED" and row.entry_id
-    ]
+    dead = [(d.entry_id, d.issue_id, d.deliveries) for d in outcome.dead]
     await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=dead)
 
 
