@@ -11,12 +11,14 @@ difference between the two endpoints is everything the conductor does beyond par
 
 Run as a script it starts uvicorn with the settings `rig-conductor serve` uses: one worker, the
 default event loop and HTTP implementation, no access log, `log_config=None` with the
-`rig_conductor.logs` dictConfig (text, INFO, stderr).
+`rig_conductor.logs` dictConfig (text, INFO, stderr), and the collector tuned the same way once
+started (`rig_conductor.gcpolicy`).
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Annotated
 
 from fastapi import Body, FastAPI
@@ -40,7 +42,7 @@ async def healthz() -> dict[str, str]:
 def main() -> int:
     import uvicorn
 
-    from rig_conductor import logs
+    from rig_conductor import gcpolicy, logs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -48,6 +50,12 @@ def main() -> int:
     parser.add_argument("--log-level", default="INFO", help="root log level (serve uses INFO)")
     args = parser.parse_args()
     logs.configure("text", args.log_level.upper())
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            gcpolicy.after_startup()
+
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -57,7 +65,7 @@ def main() -> int:
         lifespan="on",
         timeout_graceful_shutdown=30,
     )
-    uvicorn.Server(config).run()
+    Server(config).run()
     return 0
 
 

@@ -13,11 +13,12 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from rig_conductor import __version__, logs
+from rig_conductor import __version__, gcpolicy, logs
 from rig_conductor.settings import Settings, SettingsError, load_settings
 
 if TYPE_CHECKING:
@@ -130,11 +131,16 @@ def _server_class() -> type:
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, minus re-raising SIGTERM/SIGINT after the graceful shutdown.
+        """uvicorn's server, with the collector tuned once started (`gcpolicy`), minus
+        re-raising SIGTERM/SIGINT after the graceful shutdown.
 
         uvicorn re-sends the signal it caught once it has shut down, which ends the process
         "killed by SIGTERM"; the contract wants `serve` to exit 0 after a graceful shutdown.
         """
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            gcpolicy.after_startup()  # the app and its clients are loaded: freeze them
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
