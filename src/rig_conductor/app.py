@@ -43,7 +43,11 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = redis_streams.connect(settings.redis_url)
         engine = pg.create_engine(settings.sqlalchemy_url)
-        heartbeats = HeartbeatWriter(settings.sqlalchemy_url, tenant=settings.tenant)
+        heartbeats = HeartbeatWriter(
+            settings.sqlalchemy_url,
+            tenant=settings.tenant,
+            on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
+        )
         pods = _Pods(settings, kube) if kube is not None else None
         elector = (
             leader.make_elector(
@@ -109,7 +113,7 @@ def create_app(
     )
     app.state.metrics = metrics
     errors.install(app, tokens=tuple(t.get_secret_value().encode() for t in settings.api_tokens))
-    app.include_router(events.router, prefix="/api")
+    events.install(app)
     app.include_router(views.router, prefix="/api")
     app.include_router(deadletters.router, prefix="/api")
     app.include_router(health.router)

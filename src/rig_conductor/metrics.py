@@ -7,7 +7,7 @@ agent is counted under agent="unknown".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -82,6 +82,13 @@ class Metrics:
         for outcome in ("ok", "error"):
             self.scans.labels(outcome)
         self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
+
+    def heartbeats_stored(self, agents: Sequence[str]) -> None:
+        """One committed batch of heartbeats, by agent id (one per heartbeat)."""
+        self.heartbeats.inc(len(agents))
+        for agent in set(agents):
+            self.heartbeat_age.labels(agent).set(0)
+            self.agent_up.labels(agent).set(1)
 
     def replace(self, gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
         """Set `gauge` to exactly `values`: label sets absent from them are removed."""

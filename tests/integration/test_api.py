@@ -110,6 +110,11 @@ async def test_concurrent_heartbeats_share_commits(
             await conn.execute(text("SELECT count(DISTINCT occurred_at) FROM events"))
         ).scalar_one()
     assert stamps < 200  # group commit: several heartbeats per transaction
+    # The metrics count every heartbeat of every committed batch.
+    exposition = (await api.get("/metrics")).text
+    assert "rig_heartbeats_received_total 200.0" in exposition
+    for agent in range(7):
+        assert f'rig_agent_up{{agent="agent-{agent}"}} 1.0' in exposition
 
 
 async def test_dispatch_appends_the_contract_fields(api: httpx.AsyncClient, redis: Redis) -> None:
@@ -260,6 +265,25 @@ async def test_oversized_body_answers_413(api: httpx.AsyncClient, engine: AsyncE
     )
     assert streamed.status_code == 413
     assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 0
+
+
+async def test_a_streamed_body_within_the_limit_is_read_whole(
+    api: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    body = json.dumps(heartbeat(degradedReasons=["r" * 250] * 60)).encode()  # ~15 KiB
+    assert len(body) < 64 * 1024
+
+    async def stream() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), 1000):
+            yield body[start : start + 1000]
+
+    answer = await api.post(
+        "/api/events", content=stream(), headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 202
+    async with engine.connect() as conn:
+        detail = (await conn.execute(select(events.c.detail))).scalar_one()
+    assert len(detail["degradedReasons"]) == 60
 
 
 async def test_tokens_guard_the_api_but_not_probes(

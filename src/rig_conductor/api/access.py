@@ -90,7 +90,7 @@ class BearerTokens:
     def _refused(self, scope: Scope) -> bool:
         if scope["type"] != "http" or not self.tokens or not scope["path"].startswith("/api/"):
             return False
-        return not self._allowed(dict(scope["headers"]).get(b"authorization", b""))
+        return not self._allowed(header(scope, b"authorization") or b"")
 
     def _allowed(self, header: bytes) -> bool:
         scheme, _, presented = header.partition(b" ")
@@ -99,3 +99,11 @@ class BearerTokens:
         for token in self.tokens:
             matched |= hmac.compare_digest(candidate, token)
         return scheme.lower() == b"bearer" and matched
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header `name` (lower case, as ASGI servers deliver names)."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None

@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor.api.access import AccessLog, BearerTokens
+from rig_conductor.api.access import AccessLog, BearerTokens, header
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,10 @@ def install(app: FastAPI, *, tokens: tuple[bytes, ...]) -> None:
 class BodyLimit:
     """Answers 413 to a request body over `limit` bytes, declared or streamed.
 
-    The body (at most `limit` bytes) is read here and replayed to the app: an error raised
-    from inside the app's own body reading would surface as a 400 instead.
+    A declared Content-Length is checked up front; within the limit, the HTTP server (h11 or
+    httptools) delivers no more than it declares, so the body passes through untouched. A body
+    without one (chunked) is read here, at most `limit` bytes, and replayed to the app: an error
+    raised from inside the app's own body reading would surface as a 400 instead.
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -117,9 +119,12 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send)
+        declared = header(scope, b"content-length")
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.limit:
+                await self._refuse(send)
+            else:
+                await self.app(scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0

@@ -2,12 +2,13 @@
 
 Each request waits until the batch holding its heartbeat has committed, so a 202 always means
 durable. While a batch is being written, newly arriving heartbeats queue for the next one:
-batches grow with load and add no delay when idle. Each lane of the writer keeps a connection
-of its own (no pool checkout, autocommit), so a batch is a single round trip; a broken
-connection fails that batch's requests (503) and the next batch reconnects.
+batches grow with load (and with the database's latency) and add no delay when idle. The writer
+keeps a connection of its own (no pool checkout, autocommit), so a batch is a single round trip;
+a broken connection fails that batch's requests (503) and the next batch reconnects.
 
-Lanes let batches overlap while PostgreSQL works on one. Heartbeats are routed to a lane by
-agent id, so two batches in flight never touch the same rows and cannot deadlock.
+One writer per process: a second connection writing batches in parallel halves the batch size,
+and every transaction has a fixed cost in the client and in PostgreSQL that a larger batch
+shares out.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,46 +27,29 @@ from rig_conductor.adapters.postgres import queries
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 1_000
-LANES = 2
+
+# Called with each batch once it is committed, before its requests are answered.
+OnCommit = Callable[[Sequence[queries.HeartbeatIn]], None]
 
 
 class HeartbeatWriter:
-    def __init__(self, database_url: str, *, tenant: str, lanes: int = LANES) -> None:
-        self._lanes = [
-            _Lane(database_url, tenant=tenant, name=f"heartbeats-{n}") for n in range(lanes)
-        ]
-
-    def start(self) -> None:
-        for lane in self._lanes:
-            lane.start()
-
-    async def submit(self, heartbeat: queries.HeartbeatIn) -> datetime:
-        """Queue one heartbeat; returns the receipt time once it is committed."""
-        lane = self._lanes[hash(heartbeat.agent_id) % len(self._lanes)]
-        return await lane.submit(heartbeat)
-
-    async def stop(self) -> None:
-        """Write what is queued, then stop."""
-        await asyncio.gather(*(lane.stop() for lane in self._lanes))
-
-
-class _Lane:
-    """One connection's group commit."""
-
-    def __init__(self, database_url: str, *, tenant: str, name: str) -> None:
-        self._name = name
+    def __init__(
+        self, database_url: str, *, tenant: str, on_commit: OnCommit | None = None
+    ) -> None:
         self._url = database_url
-        self._conn: psycopg.AsyncConnection[Any] | None = None
         self._tenant = tenant
+        self._on_commit = on_commit
+        self._conn: psycopg.AsyncConnection[Any] | None = None
         self._queue: list[tuple[queries.HeartbeatIn, asyncio.Future[datetime]]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=self._name)
+        self._task = asyncio.create_task(self._run(), name="heartbeat-writer")
 
     async def submit(self, heartbeat: queries.HeartbeatIn) -> datetime:
+        """Queue one heartbeat; returns the receipt time once it is committed."""
         if self._closing or self._task is None:
             raise RuntimeError("the heartbeat writer is not running")
         future: asyncio.Future[datetime] = asyncio.get_running_loop().create_future()
@@ -73,6 +58,7 @@ class _Lane:
         return await future
 
     async def stop(self) -> None:
+        """Write what is queued, then stop."""
         self._closing = True
         self._wake.set()
         if self._task is not None:
@@ -93,11 +79,12 @@ class _Lane:
     async def _write(
         self, batch: list[tuple[queries.HeartbeatIn, asyncio.Future[datetime]]]
     ) -> None:
+        heartbeats = [hb for hb, _ in batch]
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = await queries.connect_direct(self._url)
             received_at = await queries.record_heartbeats_on(
-                self._conn, tenant=self._tenant, heartbeats=[hb for hb, _ in batch]
+                self._conn, tenant=self._tenant, heartbeats=heartbeats
             )
         except Exception as exc:  # every waiter gets the failure; the writer carries on
             await self._drop_connection()
@@ -105,6 +92,11 @@ class _Lane:
                 if not future.done():
                     future.set_exception(exc)
             return
+        if self._on_commit is not None:
+            try:
+                self._on_commit(heartbeats)
+            except Exception:  # bookkeeping only: the batch is committed all the same
+                logger.exception("Heartbeat commit hook failed")
         for _, future in batch:
             if not future.done():
                 future.set_result(received_at)
