@@ -307,6 +307,7 @@ class Server:
     port: int
     log_path: Path
     cwd: Path
+    cpus: frozenset[int] | None = None  # pinned to these cores when set
     proc: subprocess.Popen[bytes] | None = None
     exit_code: int | None = None
 
@@ -320,6 +321,12 @@ class Server:
         return self.proc.pid
 
     def start(self) -> None:
+        cpus = self.cpus
+
+        def pin() -> None:  # in the child, before exec: every thread it starts inherits it
+            if cpus is not None:
+                os.sched_setaffinity(0, cpus)
+
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
                 self.command,
@@ -329,6 +336,7 @@ class Server:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C at the terminal reaches only the benchmark
+                preexec_fn=pin,  # the benchmark has started no threads yet
             )
 
     def wait_ready(self, body: str) -> None:
@@ -577,6 +585,44 @@ async def python_load(url: str, bodies: Sequence[str], connections: int, duratio
     )
 
 
+def combine(loads: Sequence[Load]) -> Load:
+    """Several timed runs of one endpoint as one: counts and CPU summed, latency percentiles the
+    median of the runs' (the worst run's p99 is `Round`-level), max the largest."""
+    first = loads[0]
+    requests = sum(x.requests for x in loads)
+    cpu = None
+    if all(x.cpu is not None for x in loads):
+        parts = [x.cpu for x in loads if x.cpu is not None]
+        postgres = [c.postgres for c in parts]
+        cpu = CpuUse(
+            wall=sum(c.wall for c in parts),
+            server=sum(c.server for c in parts),
+            server_sys=sum(c.server_sys for c in parts),
+            postgres=None if None in postgres else sum(c for c in postgres if c is not None),
+            loader=sum(c.loader for c in parts),
+            machine=sum(c.machine for c in parts),
+            cores=parts[0].cores,
+        )
+    errors: Counter[str] = Counter()
+    for x in loads:
+        errors.update(x.socket_errors)
+    return Load(
+        loader=first.loader,
+        connections=first.connections,
+        requests=requests,
+        duration_s=sum(x.duration_s for x in loads),
+        p50_ms=statistics.median(x.p50_ms for x in loads),
+        p90_ms=statistics.median(x.p90_ms for x in loads),
+        p99_ms=statistics.median(x.p99_ms for x in loads),
+        max_ms=max(x.max_ms for x in loads),
+        mean_ms=sum(x.mean_ms * x.requests for x in loads) / requests if requests else 0.0,
+        non_2xx=sum(x.non_2xx for x in loads),
+        socket_errors=dict(errors),
+        output="\n".join(x.output for x in loads if x.output),
+        cpu=cpu,
+    )
+
+
 def percentile(sorted_values: Sequence[float], p: float) -> float:
     if not sorted_values:
         return 0.0
@@ -662,15 +708,59 @@ class Profile:
     top_self: list[tuple[str, float]] = field(default_factory=list)
 
 
+def merge(rounds: Sequence[Durability]) -> Durability:
+    """The rounds' durability figures summed, for the totals printed."""
+    return Durability(
+        completed=sum(d.completed for d in rounds),
+        rows_at_exit=sum(d.rows_at_exit for d in rounds),
+        rows_final=sum(d.rows_final for d in rounds),
+        quiesce_s=max(d.quiesce_s for d in rounds),
+        tolerance=sum(d.tolerance for d in rounds),
+        batches=sorted(size for d in rounds for size in d.batches),
+        commits=sum(d.commits for d in rounds),
+    )
+
+
 @dataclass
-class Report:
+class Round:
+    """A no-op run and a conductor run, back to back."""
+
     noop: Load
     conductor: Load
     durability: Durability
+
+    @property
+    def ratio(self) -> float:
+        return self.conductor.rps / self.noop.rps if self.noop.rps else 0.0
+
+
+@dataclass
+class Report:
+    rounds: list[Round]
     profiles: list[Profile] = field(default_factory=list)
     writer: list[dict[str, float]] = field(default_factory=list)
     round_trip_ms: float | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def noop(self) -> Load:
+        return combine([r.noop for r in self.rounds])
+
+    @property
+    def conductor(self) -> Load:
+        return combine([r.conductor for r in self.rounds])
+
+    @property
+    def ratio(self) -> float:
+        """The median of the rounds' ratios: each pairs runs a few seconds apart, so a slow
+        stretch of the machine weighs on both sides of a ratio, and an outlier round on none."""
+        return statistics.median(r.ratio for r in self.rounds)
+
+    def problems(self) -> list[str]:
+        found = []
+        for n, r in enumerate(self.rounds, 1):
+            found += [f"round {n}: {p}" for p in r.durability.problems(r.conductor)]
+        return found
 
 
 def timed_load(loader: Loader, server: Server, db: Db, connections: int, duration: float) -> Load:
@@ -702,18 +792,59 @@ def measure_conductor(
     return load, durability
 
 
+def measure_round(
+    n: int, loader: Loader, noop: Server, conductor: Server, db: Db, args: argparse.Namespace
+) -> Round:
+    """Round `n`: even rounds load the no-op first, odd rounds the conductor, so a machine
+    speeding up or slowing down during the run favours neither side."""
+
+    def the_noop() -> Load:
+        return timed_load(loader, noop, db, args.connections, args.duration)
+
+    noop_load = the_noop() if n % 2 == 0 else None
+    load, durability = measure_conductor(loader, conductor, db, args.connections, args.duration)
+    return Round(noop_load or the_noop(), load, durability)
+
+
+@dataclass(frozen=True)
+class CpuPlan:
+    server: frozenset[int] | None  # each server process is pinned here
+    loader: frozenset[int] | None  # the benchmark process and wrk
+    note: str
+
+
+def plan_cpus(pin: bool) -> CpuPlan:
+    """One core for the server under load (one at a time is), the others for the load
+    generator. Both endpoints get the same placement; PostgreSQL is left to the scheduler."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not pin:
+        return CpuPlan(None, None, "not pinned (--no-pin): the scheduler places every process")
+    if len(cores) < 2:
+        return CpuPlan(None, None, f"not pinned: {len(cores) or 'unknown'} core(s) available")
+    server, loader = frozenset(cores[-1:]), frozenset(cores[:-1])
+    return CpuPlan(
+        server,
+        loader,
+        f"each server on core {cores[-1]}, the load generator on core(s) "
+        f"{','.join(map(str, cores[:-1]))}, PostgreSQL wherever the scheduler puts it",
+    )
+
+
 def run(args: argparse.Namespace, workdir: Path) -> Report:
     database_url = os.environ.get("RIG_BENCH_DATABASE_URL", DEFAULT_DATABASE_URL)
     redis_url = os.environ.get("RIG_BENCH_REDIS_URL", DEFAULT_REDIS_URL)
     bodies = heartbeat_bodies()
+    cpus = plan_cpus(not args.no_pin)
+    if cpus.loader is not None:
+        os.sched_setaffinity(0, cpus.loader)  # wrk and the asyncio loader inherit it
     loader, loader_note = choose_loader(args.loader, workdir, bodies)
     ensure_database(database_url)
     migrate(database_url, redis_url, workdir)
     db = Db(database_url)
     try:
         db.truncate()
-        print_header(args, loader_note, db, database_url)
-        conductor, noop = make_servers(database_url, redis_url, workdir)
+        print_header(args, loader_note, db, database_url, cpus.note)
+        conductor, noop = make_servers(database_url, redis_url, workdir, cpus.server)
         with running([conductor, noop]):
             for server in (conductor, noop):
                 server.wait_ready(bodies[0])
@@ -721,12 +852,13 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
                 loader.run(server.url, args.connections, args.warmup)
             if args.wait_idle > 0:
                 print(wait_for_idle_machine(args.wait_idle), flush=True)
-            print(f"measuring: no-op, then conductor, {args.duration:g}s each", flush=True)
-            noop_load = timed_load(loader, noop, db, args.connections, args.duration)
-            load, durability = measure_conductor(
-                loader, conductor, db, args.connections, args.duration
+            print(
+                f"measuring: {args.rounds} rounds of no-op then conductor, {args.duration:g}s each",
+                flush=True,
             )
-            report = Report(noop_load, load, durability)
+            report = Report(
+                [measure_round(n, loader, noop, conductor, db, args) for n in range(args.rounds)]
+            )
             if args.profile:
                 report.profiles = profile_servers(args, loader, workdir, [noop, conductor])
         if args.profile:
@@ -742,7 +874,9 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
         db.close()
 
 
-def make_servers(database_url: str, redis_url: str, workdir: Path) -> tuple[Server, Server]:
+def make_servers(
+    database_url: str, redis_url: str, workdir: Path, cpus: frozenset[int] | None
+) -> tuple[Server, Server]:
     conductor_port, noop_port = free_port(), free_port()
     conductor = Server(
         name="conductor",
@@ -751,6 +885,7 @@ def make_servers(database_url: str, redis_url: str, workdir: Path) -> tuple[Serv
         port=conductor_port,
         log_path=workdir / "conductor.log",
         cwd=workdir,
+        cpus=cpus,
     )
     noop_env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     noop = Server(
@@ -760,6 +895,7 @@ def make_servers(database_url: str, redis_url: str, workdir: Path) -> tuple[Serv
         port=noop_port,
         log_path=workdir / "noop.log",
         cwd=workdir,
+        cpus=cpus,
     )
     return conductor, noop
 
@@ -768,16 +904,13 @@ def make_servers(database_url: str, redis_url: str, workdir: Path) -> tuple[Serv
 # Profiling (--profile): py-spy on each server under the same load, and the writer alone
 
 # Main-thread samples by what the event loop was doing: the first rule with a marker in one of
-# the stack's "function|file" strings wins. SQLAlchemy's async layer runs its sync code in a
-# greenlet, whose samples do not show the awaiting coroutine (HeartbeatWriter._write): they are
-# recognised by the library's files. Only the heartbeat writer talks to PostgreSQL here.
+# the stack's "function|file" strings wins. Only the heartbeat writer talks to PostgreSQL here,
+# on a psycopg connection of its own; a request waiting for its batch shows as
+# "HeartbeatWriter.submit" when it is resumed.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("event loop idle (epoll wait)", ("EpollSelector.select|",)),
     ("writer: psycopg (query parse/send/recv)", ("/psycopg/",)),
-    (
-        "writer: SQLAlchemy (build, compile, pool)",
-        ("/sqlalchemy/", "/greenlet/", "HeartbeatWriter.", "record_heartbeats|"),
-    ),
+    ("writer: batching, commit hook, futures", ("HeartbeatWriter.", "record_heartbeats_on|")),
     (
         "sync dependencies via threadpool",
         (
@@ -891,77 +1024,51 @@ def read_profile(label: str, path: Path, load: Load) -> Profile:
 
 
 async def writer_alone(database_url: str) -> tuple[list[dict[str, float]], float]:
-    """record_heartbeats on its own, in this process, on an engine built like the conductor's:
-    wall ms, client CPU ms and round trips per batch, for a few batch sizes."""
-    from sqlalchemy import text
-
-    from rig_conductor.adapters.postgres import engine as pg_engine
+    """`record_heartbeats_on` on its own, in this process, on a connection made the way the
+    heartbeat writer makes its own (`connect_direct`): wall ms and client CPU ms per batch, for
+    a few batch sizes, and the SELECT 1 round trip."""
     from rig_conductor.adapters.postgres import queries
     from rig_conductor.domain import AgentId, ConsumerName
 
-    engine = pg_engine.create_engine(database_url)
-    trips = count_round_trips(engine)
     bodies = [json.loads(b) for b in heartbeat_bodies()]
     beats = [
         queries.HeartbeatIn(AgentId(b["agentId"]), ConsumerName(b["consumer"])) for b in bodies
     ]
     rows: list[dict[str, float]] = []
+    conn = await queries.connect_direct(database_url)
     try:
         rtt = []
-        async with engine.connect() as conn:
-            for _ in range(200):
-                started = time.perf_counter()
-                await conn.execute(text("SELECT 1"))
-                rtt.append(time.perf_counter() - started)
+        for _ in range(200):
+            started = time.perf_counter()
+            await conn.execute(b"SELECT 1")
+            rtt.append(time.perf_counter() - started)
         for size in (1, 8, 16, 32):
-            wall, cpu, counts = [], [], []
+            wall, cpu = [], []
             for n in range(60):
                 batch = [beats[(n * size + k) % len(beats)] for k in range(size)]
-                trips[0] = 0
                 started, started_cpu = time.perf_counter(), time.process_time()
-                await queries.record_heartbeats(engine, tenant="default", heartbeats=batch)
+                await queries.record_heartbeats_on(conn, tenant="default", heartbeats=batch)
                 wall.append(time.perf_counter() - started)
                 cpu.append(time.process_time() - started_cpu)
-                counts.append(trips[0])
             rows.append(
                 {
                     "size": size,
                     "ms": statistics.median(wall[10:]) * 1e3,
                     "cpu_ms": statistics.median(cpu[10:]) * 1e3,
-                    "trips": statistics.median(counts[10:]),
                 }
             )
     finally:
-        await engine.dispose()
+        await conn.close()
     return rows, statistics.median(rtt[20:]) * 1e3
-
-
-def count_round_trips(engine: Any) -> list[int]:
-    """Counts the engine's exchanges with the server: the pre-ping of each pool checkout,
-    BEGIN (psycopg sends it before a transaction's first statement), statements, COMMIT."""
-    from sqlalchemy import event
-
-    counter = [0]
-    sync_engine = engine.sync_engine
-
-    def one(*args: Any, **kwargs: Any) -> None:
-        counter[0] += 1
-
-    def begin_and_commit(*args: Any, **kwargs: Any) -> None:
-        counter[0] += 2
-
-    event.listen(sync_engine, "before_cursor_execute", one)
-    event.listen(sync_engine, "commit", begin_and_commit)
-    if getattr(sync_engine.pool, "_pre_ping", False):
-        event.listen(sync_engine.pool, "checkout", one)
-    return counter
 
 
 # --------------------------------------------------------------------------------------------
 # Output
 
 
-def print_header(args: argparse.Namespace, loader_note: str, db: Db, url: str) -> None:
+def print_header(
+    args: argparse.Namespace, loader_note: str, db: Db, url: str, cpu_note: str
+) -> None:
     import fastapi
     import pydantic
     import sqlalchemy
@@ -980,23 +1087,29 @@ def print_header(args: argparse.Namespace, loader_note: str, db: Db, url: str) -
     )
     print(f"  database  PostgreSQL {db.version()} at {make_url(url).render_as_string()}")
     print(f"  loader    {loader_note}")
+    print(f"  cores     {cpu_note}")
     print(
-        f"  load      {args.connections} connections, {THREADS} threads, "
-        f"{args.duration:g}s per endpoint after a {args.warmup:g}s warm-up; "
+        f"  load      {args.connections} connections, {THREADS} threads, {args.rounds} rounds "
+        f"of {args.duration:g}s per endpoint, alternating, after a {args.warmup:g}s warm-up; "
         f"HEARTBEAT bodies over {len(AGENTS)} agents / {len(AGENTS) * PODS_PER_AGENT} consumers"
     )
     print(flush=True)
 
 
 def print_report(report: Report, args: argparse.Namespace) -> int:
-    noop, conductor, d = report.noop, report.conductor, report.durability
-    ratio = conductor.rps / noop.rps if noop.rps else 0.0
+    noop, conductor = report.noop, report.conductor
+    d = merge([r.durability for r in report.rounds])
     if args.show_wrk:
         for label, load in (("no-op", noop), ("conductor", conductor)):
             if load.output:
                 print(f"--- {label}: {load.loader} output")
                 print(load.output.rstrip())
         print()
+    print_rounds(report.rounds)
+    print(
+        f"all rounds ({args.rounds} x {args.duration:g}s per endpoint; latency: median of the "
+        "rounds')"
+    )
     print(
         f"{'endpoint':<11}{'req/s':>9}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}", end=""
     )
@@ -1008,18 +1121,32 @@ def print_report(report: Report, args: argparse.Namespace) -> int:
             f"{load.p99_ms:>9.1f}{load.max_ms:>9.1f}{load.requests:>10,}{load.non_2xx:>9}"
             f"{errors:>9}"
         )
-    print(f"ratio conductor / no-op: {ratio:.2f}")
+    total = conductor.rps / noop.rps if noop.rps else 0.0
+    print(
+        f"ratio conductor / no-op: {report.ratio:.2f} (median of the rounds' ratios; "
+        f"all requests of all rounds: {total:.2f})"
+    )
     print()
     print_cpu(noop, conductor)
     print_batches(conductor, d)
-    problems = d.problems(conductor)
+    problems = report.problems()
     print_durability(conductor, d, problems)
-    print_goals(ratio, conductor, problems)
+    worst_p99 = max(r.conductor.p99_ms for r in report.rounds)
+    print_goals(report.ratio, worst_p99, problems)
     if report.profiles:
         print_profiles(report.profiles, {"no-op": noop.rps, "conductor": conductor.rps})
     if report.writer:
         print_writer(report.writer, report.round_trip_ms)
     return 1 if problems else 0
+
+
+def print_rounds(rounds: Sequence[Round]) -> None:
+    print("rounds: a no-op run and a conductor run back to back (rounds 1, 3, ... no-op first)")
+    print(f"{'round':<7}{'no-op req/s':>13}{'conductor req/s':>17}{'ratio':>7}{'p99 ms':>15}")
+    for n, r in enumerate(rounds, 1):
+        p99 = f"{r.noop.p99_ms:.1f} / {r.conductor.p99_ms:.1f}"
+        print(f"{n:<7}{r.noop.rps:>13,.0f}{r.conductor.rps:>17,.0f}{r.ratio:>7.2f}{p99:>15}")
+    print()
 
 
 def print_cpu(noop: Load, conductor: Load) -> None:
@@ -1088,15 +1215,18 @@ def print_durability(load: Load, d: Durability, problems: list[str]) -> None:
     print()
 
 
-def print_goals(ratio: float, conductor: Load, problems: list[str]) -> None:
+def print_goals(ratio: float, worst_p99_ms: float, problems: list[str]) -> None:
     def mark(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
     print("goals")
-    print(f"  conductor / no-op >= {GOAL_RATIO:.2f}: {ratio:.2f}  {mark(ratio >= GOAL_RATIO)}")
     print(
-        f"  conductor p99 <= {GOAL_P99_MS:.0f} ms: {conductor.p99_ms:.1f} ms  "
-        f"{mark(conductor.p99_ms <= GOAL_P99_MS)}"
+        f"  conductor / no-op >= {GOAL_RATIO:.2f} (median of rounds): {ratio:.2f}  "
+        f"{mark(ratio >= GOAL_RATIO)}"
+    )
+    print(
+        f"  conductor p99 <= {GOAL_P99_MS:.0f} ms (worst round): {worst_p99_ms:.1f} ms  "
+        f"{mark(worst_p99_ms <= GOAL_P99_MS)}"
     )
     print(f"  every 202 durable: {mark(not problems)}")
     print()
@@ -1132,16 +1262,14 @@ def print_profiles(profiles: Sequence[Profile], timed_rps: dict[str, float]) -> 
 
 def print_writer(rows: Sequence[dict[str, float]], rtt_ms: float | None) -> None:
     print(
-        "record_heartbeats alone (in the benchmark process, nothing else on its event loop, "
-        f"engine built as the conductor's); SELECT 1 round trip {rtt_ms:.2f} ms"
+        "record_heartbeats_on alone (in the benchmark process, nothing else on its event loop, "
+        f"on a connection like the writer's: one round trip per batch); SELECT 1 round trip "
+        f"{rtt_ms:.2f} ms"
     )
-    print(
-        f"{'batch':>7}{'ms/batch':>10}{'client CPU ms':>15}{'round trips':>13}"
-        f"{'heartbeats/s ceiling':>22}"
-    )
+    print(f"{'batch':>7}{'ms/batch':>10}{'client CPU ms':>15}{'heartbeats/s ceiling':>22}")
     for row in rows:
         print(
-            f"{row['size']:>7.0f}{row['ms']:>10.2f}{row['cpu_ms']:>15.2f}{row['trips']:>13.0f}"
+            f"{row['size']:>7.0f}{row['ms']:>10.2f}{row['cpu_ms']:>15.2f}"
             f"{row['size'] / row['ms'] * 1e3:>22,.0f}"
         )
     print()
@@ -1152,10 +1280,20 @@ def print_writer(rows: Sequence[dict[str, float]], rtt_ms: float | None) -> None
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per endpoint")
+    parser.add_argument(
+        "--duration", type=float, default=3.0, help="seconds per endpoint and round (default 3)"
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="no-op/conductor pairs (default 10)")
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave every process to the scheduler (default: one core for the server)",
+    )
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--warmup", type=float, default=None, help="seconds (default 2, quick 1)")
-    parser.add_argument("--quick", action="store_true", help="3 s per endpoint, 1 s warm-up")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds of 3 s per endpoint, 1 s warm-up"
+    )
     parser.add_argument(
         "--loader", choices=("auto", "wrk", "python"), default="auto", help="default: wrk if any"
     )
@@ -1179,11 +1317,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--show-wrk", action="store_true", help="print wrk's own output")
     args = parser.parse_args(argv)
     if args.quick:
-        args.duration = 3.0
+        args.duration, args.rounds = 3.0, 2
     if args.warmup is None:
         args.warmup = 1.0 if args.quick else 2.0
-    if args.connections < 1 or args.duration <= 0:
-        parser.error("--connections and --duration must be positive")
+    if args.connections < 1 or args.duration <= 0 or args.rounds < 1:
+        parser.error("--connections, --duration and --rounds must be positive")
     return args
 
 
