@@ -428,6 +428,35 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     assert staging.commit(files) == staging.Committed(already=1)
 
 
+async def test_an_attempt_killed_before_its_intent_leaves_no_temporary_file(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
+    tmp_path: Path,
+) -> None:
+    """Attempt 1's process staged a file and died inside its handler, before it recorded an
+    intent; attempt 2 completes the entry and removes what attempt 1 left."""
+    final = tmp_path / "out" / "rc-11.txt"
+    entry_id = await dispatch(conductor, "rc-11")
+    await group_exists(redis)
+    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    report = {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+    started = await post(conductor, type="WORK_STARTED", **report)
+    assert started.json() == {"attempt": 1}
+    final.parent.mkdir()
+    staging.temp_path(final, entry_id=entry_id, attempt=1).write_text("half written")
+
+    def handle(entry: Entry) -> None:
+        entry.stage(final).write_text(f"attempt {entry.attempt}")
+
+    async with running(handle, settings()):
+        await wait_for(lambda: drained(redis))
+    assert final.read_text() == "attempt 2"
+    assert leftovers(tmp_path) == []
+    assert await assignment(engine, entry_id) == ("done", 2)
+
+
 async def test_a_dead_predecessors_lease_is_waited_out(
     redis: Redis, settings: Callable[..., AgentSettings], conductor: str
 ) -> None:

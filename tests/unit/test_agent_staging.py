@@ -97,6 +97,21 @@ def test_discard_removes_temporary_files_only(tmp_path: Path) -> None:
     assert not a.tmp.exists() and a.final.read_text() == "committed by the accepted attempt"
 
 
+def test_leftovers_of_other_attempts_of_the_entry_are_removed(tmp_path: Path) -> None:
+    accepted = _staged(tmp_path, "out.txt", "accepted", attempt=3)
+    killed = [_staged(tmp_path, "out.txt", "killed", attempt=n).tmp for n in (1, 2, 10)]
+    other_entry = staging.temp_path(accepted.final, entry_id="2-0", attempt=1)
+    other_file = staging.temp_path(tmp_path / "else.txt", entry_id="1-0", attempt=1)
+    not_ours = tmp_path / ".out.txt.1-0.ab.tmp"
+    for path in (other_entry, other_file, not_ours):
+        path.write_text("keep")
+    assert staging.remove_leftovers([accepted], entry_id="1-0", keep_attempt=3) == 3
+    assert not any(path.exists() for path in killed)
+    assert accepted.tmp.exists()  # the accepted attempt's own file is committed, not removed
+    assert other_entry.exists() and other_file.exists() and not_ours.exists()
+    assert staging.remove_leftovers([accepted], entry_id="1-0", keep_attempt=3) == 0
+
+
 def test_the_intent_round_trips_through_its_text_form(tmp_path: Path) -> None:
     files = (_staged(tmp_path, "a b.txt", "x"), _staged(tmp_path, "ü.txt", "y"))
     assert staging.decode(staging.encode(files)) == files

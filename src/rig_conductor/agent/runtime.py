@@ -652,6 +652,9 @@ class Agent:
         committed = await asyncio.to_thread(staging.commit, files)
         for stale in intents.values():  # attempts that were never accepted
             await asyncio.to_thread(staging.discard, stale)
+        await asyncio.to_thread(  # and attempts killed before they recorded an intent
+            staging.remove_leftovers, files, entry_id=entry_id, keep_attempt=attempt
+        )
         await self._redis.xack(self.stream, self.group, entry_id)
         await staging.forget(self._redis, stream=self.stream, entry_id=entry_id)
         return committed

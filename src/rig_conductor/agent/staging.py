@@ -9,6 +9,7 @@ idempotent; nothing here decides whether to commit: the runtime does.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -117,6 +118,25 @@ def discard(files: Iterable[StagedFile]) -> int:
         with contextlib.suppress(FileNotFoundError):
             item.tmp.unlink()
             removed += 1
+    return removed
+
+
+def remove_leftovers(files: Iterable[StagedFile], *, entry_id: str, keep_attempt: int) -> int:
+    """Remove other attempts' temporary files for the same final paths of the same entry.
+
+    An attempt killed while its handler ran recorded no intent, so nothing names its temporary
+    files; once the entry is done they can never be committed. They sit beside the final paths
+    the accepted attempt staged (handlers usually write the same paths every attempt).
+    """
+    removed = 0
+    for item in files:
+        prefix = f".{item.final.name[:_MAX_NAME]}.{entry_id}.a"
+        for path in item.final.parent.glob(glob.escape(prefix) + "*.tmp"):
+            attempt = path.name[len(prefix) : -len(".tmp")]
+            if attempt.isdigit() and int(attempt) != keep_attempt:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
     return removed
 
 
