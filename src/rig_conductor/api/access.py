@@ -92,8 +92,8 @@ class BearerTokens:
             return False
         return not self._allowed(header(scope, b"authorization") or b"")
 
-    def _allowed(self, header: bytes) -> bool:
-        scheme, _, presented = header.partition(b" ")
+    def _allowed(self, authorization: bytes) -> bool:
+        scheme, _, presented = authorization.partition(b" ")
         candidate = presented.strip()
         matched = False
         for token in self.tokens:

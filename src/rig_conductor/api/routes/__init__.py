@@ -1,1 +1,1 @@
-"""Route modules, one router each."""
+"""Route modules: a router each, except events.py, which adds its one route to the app."""
