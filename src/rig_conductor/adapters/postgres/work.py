@@ -3,7 +3,6 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -73,7 +72,7 @@ class WorkReport:
     consumer: str | None = None
     issue_id: str | None = None
     attempt: int | None = None
-    detail: str = "{}"
+    error: str | None = None  # WORK_FAILED's error text
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +165,7 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
                 issue_id=report.issue_id,
                 attempt=attempt,
                 fenced=not outcome.accepted,
-                detail=json.loads(report.detail),
+                detail={"error": report.error} if report.error else {},
             )
         )
     return outcome

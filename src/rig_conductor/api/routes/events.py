@@ -108,7 +108,6 @@ async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONRespo
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
-    detail = json.dumps({"error": event.error}) if event.error else "{}"
     outcome = await work.record_work(
         rt.engine,
         tenant=rt.settings.tenant,
@@ -120,7 +119,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             consumer=event.consumer,
             issue_id=event.issue_id,
             attempt=event.attempt,
-            detail=detail,
+            error=event.error,
         ),
     )
     if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_COMPLETED"):
