@@ -71,19 +71,9 @@ class BearerTokens:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._refused(scope):
-            body = json.dumps({"detail": "missing or invalid bearer token"}).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"www-authenticate", b"Bearer"),
-                    ],
-                }
+            await answer(
+                send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
             )
-            await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
 
@@ -99,6 +89,25 @@ class BearerTokens:
         for token in self.tokens:
             matched |= hmac.compare_digest(candidate, token)
         return scheme.lower() == b"bearer" and matched
+
+
+async def answer(
+    send: Send, status: int, detail: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """A `{"detail": ...}` JSON answer sent straight from middleware, before the app runs."""
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

@@ -5,7 +5,6 @@ Nothing a client sends produces a 500.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -19,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor.api.access import AccessLog, BearerTokens, header
+from rig_conductor.api.access import AccessLog, BearerTokens, answer, header
 
 logger = logging.getLogger(__name__)
 
@@ -145,18 +144,7 @@ class BodyLimit:
         await self.app(scope, _replay([body], receive), send)
 
     async def _refuse(self, send: Send) -> None:
-        body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await answer(send, 413, f"request body over {self.limit} bytes")
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
