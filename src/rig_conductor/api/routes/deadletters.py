@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
@@ -30,19 +31,7 @@ async def list_dead_letters(
     """The newest dead letters of `stream` (default: RIG_DISPATCH_STREAM), newest first."""
     key = StreamKey(stream or rt.settings.dispatch_stream)
     letters = await redis_streams.list_dead_letters(rt.redis, stream=key, count=count)
-    return [
-        schemas.DeadLetterView(
-            stream=key,
-            dlq_id=d.dlq_id,
-            original_id=d.original_id,
-            group=d.group,
-            consumer=d.consumer,
-            deliveries=d.deliveries,
-            reason=d.reason,
-            fields=d.fields,
-        )
-        for d in letters
-    ]
+    return [schemas.DeadLetterView(stream=key, **asdict(d)) for d in letters]
 
 
 @router.post(
