@@ -798,12 +798,13 @@ def measure_round(
     """Round `n`: even rounds load the no-op first, odd rounds the conductor, so a machine
     speeding up or slowing down during the run favours neither side."""
 
-    def the_noop() -> Load:
-        return timed_load(loader, noop, db, args.connections, args.duration)
-
-    noop_load = the_noop() if n % 2 == 0 else None
-    load, durability = measure_conductor(loader, conductor, db, args.connections, args.duration)
-    return Round(noop_load or the_noop(), load, durability)
+    if n % 2 == 0:
+        noop_load = timed_load(loader, noop, db, args.connections, args.duration)
+        load, durability = measure_conductor(loader, conductor, db, args.connections, args.duration)
+    else:
+        load, durability = measure_conductor(loader, conductor, db, args.connections, args.duration)
+        noop_load = timed_load(loader, noop, db, args.connections, args.duration)
+    return Round(noop_load, load, durability)
 
 
 @dataclass(frozen=True)

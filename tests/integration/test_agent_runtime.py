@@ -177,6 +177,20 @@ async def group_exists(redis: Redis) -> None:
         await redis.xgroup_create(S, G, id="0", mkstream=True)
 
 
+async def delivered_to_me(conductor: str, redis: Redis, issue: str) -> str:
+    """Dispatch `issue` and read it as this runtime's consumer before the runtime starts: the
+    runtime meets it in its pending list."""
+    entry_id = await dispatch(conductor, issue)
+    await group_exists(redis)
+    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    return entry_id
+
+
+def old_owner(entry_id: str) -> dict[str, str]:
+    """The report fields of an earlier owner of `entry_id`, a consumer since gone."""
+    return {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+
+
 def leftovers(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.rglob(".*.tmp"))
 
@@ -332,9 +346,7 @@ async def test_a_trimmed_entry_is_dead_lettered_with_reason_trimmed(
     redis: Redis, settings: Callable[..., AgentSettings], conductor: str
 ) -> None:
     handled: list[str] = []
-    gone = await dispatch(conductor, "rc-7")
-    await group_exists(redis)
-    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    gone = await delivered_to_me(conductor, redis, "rc-7")
     await redis.xdel(S, gone)
     async with running(lambda entry: handled.append(entry.id), settings()):
         await wait_for(lambda: redis.xlen(f"{S}:dlq"))
@@ -399,10 +411,8 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     accepted attempt's file, removes the other, and acks without running the handler."""
     handled: list[str] = []
     final = tmp_path / "result.txt"
-    entry_id = await dispatch(conductor, "rc-9")
-    await group_exists(redis)
-    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
-    report = {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+    entry_id = await delivered_to_me(conductor, redis, "rc-9")
+    report = old_owner(entry_id)
     for attempt in (1, 2):
         started = await post(conductor, type="WORK_STARTED", **report)
         assert started.json() == {"attempt": attempt}
@@ -438,10 +448,8 @@ async def test_an_attempt_killed_before_its_intent_leaves_no_temporary_file(
     """Attempt 1's process staged a file and died inside its handler, before it recorded an
     intent; attempt 2 completes the entry and removes what attempt 1 left."""
     final = tmp_path / "out" / "rc-11.txt"
-    entry_id = await dispatch(conductor, "rc-11")
-    await group_exists(redis)
-    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
-    report = {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+    entry_id = await delivered_to_me(conductor, redis, "rc-11")
+    report = old_owner(entry_id)
     started = await post(conductor, type="WORK_STARTED", **report)
     assert started.json() == {"attempt": 1}
     final.parent.mkdir()
