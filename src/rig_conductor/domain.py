@@ -30,11 +30,15 @@ class PodState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The reaper's thresholds (RIG_ENTRY_STALE_MS, RIG_AGENT_DOWN_MS, RIG_MAX_DELIVERIES)."""
+    """The reaper's thresholds: RIG_ENTRY_STALE_MS, RIG_AGENT_DOWN_MS, RIG_MAX_DELIVERIES,
+    RIG_RECLAIM_DEGRADED with RIG_DEGRADED_GRACE_MS, and RIG_ENTRY_DEADLINE_MS (0 = off)."""
 
     entry_stale_ms: int = 300_000
     agent_down_ms: int = 600_000
     max_deliveries: int = 5
+    reclaim_degraded: bool = True
+    degraded_grace_ms: int = 300_000
+    entry_deadline_ms: int = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,9 @@ class Heartbeat:
 
     at: datetime
     degraded: bool = False
+    # Receipt time of the first heartbeat of the unbroken degraded run this one belongs to;
+    # None when not degraded. For an agent: of the heartbeats that name no consumer.
+    degraded_since: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +71,17 @@ class GroupInfo:
     name: GroupName
     pending: int
     consumers: tuple[ConsumerInfo, ...]
+    # The pending entry with the lowest id, and its idle time: None when nothing is pending.
+    oldest_id: EntryId | None = None
+    oldest_idle_ms: int | None = None
+
+    @property
+    def oldest_id_ms(self) -> int | None:
+        """The Redis time the oldest pending entry was added (its id's first part)."""
+        if self.oldest_id is None:
+            return None
+        head = self.oldest_id.partition("-")[0]
+        return int(head) if head.isdigit() else None
 
 
 class PendingEntry(NamedTuple):
@@ -91,3 +109,13 @@ class Evidence:
 
     def pod(self, consumer: ConsumerName) -> PodState:
         return self.pods.get(consumer, PodState.UNKNOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Rule 4b's evidence for one group: entries whose current attempt made progress within
+    RIG_ENTRY_DEADLINE_MS (`fresh`), and those whose last progress is older (`stale`). Entries
+    in neither were never named by a WORK_* event and are judged by their idle time."""
+
+    fresh: frozenset[EntryId] = frozenset()
+    stale: frozenset[EntryId] = frozenset()

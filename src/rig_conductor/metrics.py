@@ -22,8 +22,8 @@ class Metrics:
         r = self.registry
         self.reclaimed = Counter(
             "rig_reclaimed_entries",
-            "Pending entries moved from a dead consumer to a live one",
-            ["stream", "group", "from_agent", "to_agent"],
+            "Pending entries moved from a down, degraded or stalled owner to a live consumer",
+            ["stream", "group", "from_agent", "to_agent", "reason"],
             registry=r,
         )
         self.dead_lettered = Counter(

@@ -72,6 +72,9 @@ class Settings(RigSettings):
     scan_interval_s: float = Field(default=60.0, gt=0)
     startup_delay_s: float = Field(default=60.0, ge=0)
     max_deliveries: int = Field(default=5, ge=1)
+    entry_deadline_ms: int = Field(default=3_600_000, ge=0)
+    reclaim_degraded: bool = True
+    degraded_grace_ms: int = Field(default=300_000, ge=0)
     dry_run: bool = False
     k8s_enabled: Literal["true", "false", "auto"] = "auto"
     k8s_namespace: str | None = None
@@ -121,6 +124,9 @@ class Settings(RigSettings):
             entry_stale_ms=self.entry_stale_ms,
             agent_down_ms=self.agent_down_ms,
             max_deliveries=self.max_deliveries,
+            reclaim_degraded=self.reclaim_degraded,
+            degraded_grace_ms=self.degraded_grace_ms,
+            entry_deadline_ms=self.entry_deadline_ms,
         )
 
     @property

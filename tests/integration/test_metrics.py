@@ -101,6 +101,7 @@ async def test_scans_move_the_numbers(
         (
             ("from_agent", "dev-e"),
             ("group", "workers"),
+            ("reason", "down"),
             ("stream", "rig:dispatch"),
             ("to_agent", "qa-e"),
         ),
@@ -133,6 +134,7 @@ async def test_scans_move_the_numbers(
         (
             ("from_agent", "dev-e"),
             ("group", "workers"),
+            ("reason", "down"),
             ("stream", "rig:dispatch"),
             ("to_agent", "qa-e"),
         ),

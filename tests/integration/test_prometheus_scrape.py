@@ -147,6 +147,7 @@ async def test_prometheus_scrapes_a_reclaim_and_loads_the_rules(
                     "group": GROUP,
                     "from_agent": "dev-e",
                     "to_agent": "qa-e",
+                    "reason": "down",
                 }
 
                 async def reclaimed() -> list[Any]:

@@ -90,6 +90,7 @@ async def test_reclaims_stale_entries_of_a_silent_agent(
     assert row.detail == {
         "toConsumer": "review-e-rig-agent-runtime-0",
         "toAgent": "review-e",
+        "reason": "down",
         "reasons": ["agent-never-heartbeated"],
         "lastHeartbeatAt": None,
         "count": 3,
@@ -220,7 +221,9 @@ async def test_scan_reads_pending_lists_of_down_consumers_only(
     await redis.config_resetstat()
     await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     stats = await redis.info("commandstats")
-    assert stats["cmdstat_xpending"]["calls"] == 1  # the down consumer's list, nobody else's
+    # The group's oldest entry (XPENDING - + 1), then the down consumer's list, nobody else's:
+    # no entry is old enough to have stalled (rule 4b), so live owners' lists are not read.
+    assert stats["cmdstat_xpending"]["calls"] == 2
 
 
 async def test_every_stream_matching_a_pattern_is_scanned(

@@ -109,12 +109,20 @@ async def _pending(redis: Redis, consumer: str, min_idle: int = 0) -> list[Pendi
 
 
 async def _sweep(redis: Redis, target: str, owner: str) -> list[str]:
-    """Everything `owner` holds, moved to `target` by the server-side sweep; the ids moved."""
+    """Everything `owner` holds, sorted page by page and claimed to `target`; the ids moved."""
     rule = redis_streams.SweepRule(ConsumerName(owner), min_idle_ms=0, max_deliveries=10)
-    swept = await redis_streams.sweep(
-        redis, stream=S, group=G, rules=[rule], target=ConsumerName(target)
-    )
-    return list(swept[ConsumerName(owner)].moved)
+    moved: list[str] = []
+    start: str | None = "-"
+    while start is not None:
+        pages = await redis_streams.sweep_pages(
+            redis, stream=S, group=G, pages={rule.owner: (rule, start)}
+        )
+        page = pages[rule.owner]
+        batch = redis_streams.ClaimBatch(ConsumerName(target), page.least_idle_ms, page.movable)
+        [claimed] = await redis_streams.claim(redis, stream=S, group=G, batches=[batch])
+        moved += claimed
+        start = page.next_start
+    return moved
 
 
 async def test_sweep_moves_entries_without_raising_delivery_count(any_redis: Redis) -> None:

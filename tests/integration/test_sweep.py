@@ -1,10 +1,11 @@
-"""The server-side sweep applies exactly the policy's entry rule (`plan_reclaims` is its
-reference), on random pending lists, on every Redis version at hand."""
+"""The scan's group sweep (rules applied in Redis page by page, spread, claimed) does exactly what
+the policy's reference `plan_reclaims` does, on random pending lists, on every Redis at hand."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -12,6 +13,7 @@ from redis.asyncio import Redis
 from rig_conductor.adapters import redis_streams
 from rig_conductor.domain import (
     AgentId,
+    ConsumerName,
     EntryId,
     Evidence,
     GroupName,
@@ -21,6 +23,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
+from rig_conductor.reaper import moves
 
 from .helpers import fill, owners, read, register
 
@@ -33,7 +36,7 @@ async def test_sweep_matches_the_reference_rule(any_redis: Redis) -> None:
         await any_redis.flushdb()
         ids = await fill(any_redis, S, G, 120)
         await register(any_redis, S, G, "live-0")
-        owners_ = ["dead-0", "dead-1", "live-1"]
+        owners_ = ["dead-0", "dead-1", "live-1", "sick-0"]
         for owner in owners_:
             await read(any_redis, S, G, owner, 30)
         # Some entries are delivered again (deliveries 2..4), some were just re-read (fresh).
@@ -47,44 +50,40 @@ async def test_sweep_matches_the_reference_rule(any_redis: Redis) -> None:
             await any_redis.xclaim(
                 S, G, holder, min_idle_time=0, message_ids=[entry_id], justid=True
             )
-        limits = Limits(entry_stale_ms=100, agent_down_ms=60_000, max_deliveries=3)
+        limits = Limits(
+            entry_stale_ms=100, agent_down_ms=60_000, max_deliveries=3, degraded_grace_ms=1_000
+        )
         now = datetime.now(UTC)
         evidence = Evidence(
             now=now,
-            known_agents=frozenset({AgentId("dead"), AgentId("live")}),
-            agent_heartbeats={AgentId("live"): Heartbeat(now - timedelta(seconds=1))},
+            known_agents=frozenset({AgentId("dead"), AgentId("live"), AgentId("sick")}),
+            agent_heartbeats={
+                AgentId("live"): Heartbeat(now - timedelta(seconds=1)),
+                AgentId("sick"): Heartbeat(now, True, now - timedelta(seconds=5)),
+            },
         )
         group = next(
             g for g in await redis_streams.describe_groups(any_redis, streams=[S]) if g.name == G
         )
-        assessment = reclaim.assess_group(group, Fleet(evidence, limits))
-        assert set(assessment.down) == {"dead-0", "dead-1"}
         attempts = {EntryId(i): 3 for i in rng.sample(ids[:60], 5)}
+        assessment = reclaim.assess_group(group, Fleet(evidence, limits), attempts=attempts)
+        assert set(assessment.down) == {"dead-0", "dead-1"}
+        assert assessment.rules[ConsumerName("sick-0")].reason == "degraded"
         entries = await redis_streams.pending_entries(
             any_redis,
             stream=S,
             group=G,
-            min_idle_ms={c: assessment.min_idle_ms(c, limits) for c in assessment.down},
+            min_idle_ms=dict.fromkeys(assessment.rules, 0),
         )
-        expected = reclaim.plan_reclaims(assessment, entries, limits, attempts)
-        rules = reclaim.entry_rules(assessment, limits, attempts)
-        target = assessment.target
-        assert target is not None
-        swept = await redis_streams.sweep(
-            any_redis,
-            stream=S,
-            group=G,
-            target=target.consumer,
-            page_size=7,
-            rules=[
-                redis_streams.SweepRule(r.owner, r.min_idle_ms, r.max_deliveries, tuple(r.worn))
-                for r in rules
-            ],
-        )
-        moved = sorted(i for s in swept.values() for i in s.moved)
-        worn = sorted(e.id for s in swept.values() for e in s.worn)
-        assert moved == sorted(e.id for e in expected.moves), f"round {round_}"
+        expected = reclaim.plan_reclaims(assessment, entries)
+        swept = await moves.sweep_group(any_redis, assessment, dry_run=False, page_size=7)
+        moved = {i: target for (_, target), got in swept.moved.items() for i in got}
+        assert sorted(moved) == sorted(m.entry.id for m in expected.moves), f"round {round_}"
+        worn = sorted(e.id for e in swept.worn)
         assert worn == sorted(e.id for e in expected.dead_letters), f"round {round_}"
+        # Page by page or all at once, the spread ends at the same loads.
+        assert Counter(moved.values()) == Counter(m.to for m in expected.moves), f"round {round_}"
         holders = await owners(any_redis, S, G)
-        assert all(holders[i] == target.consumer for i in moved)
-        assert all(holders[i] in {"dead-0", "dead-1"} for i in worn)  # left for the DLQ path
+        assert all(holders[i] == target for i, target in moved.items())
+        assert set(moved.values()) <= {"live-0", "live-1"}
+        assert all(holders[i] in {"dead-0", "dead-1", "sick-0"} for i in worn)  # for the DLQ

@@ -77,13 +77,12 @@ class Scene:
             ),
         )
         assessment = reclaim.assess_group(group, Fleet(self.evidence(), self.limits))
-        return reclaim.plan_reclaims(assessment, pending, self.limits)
+        return reclaim.plan_reclaims(assessment, pending)
 
 
 def outcome(plan: reclaim.ReclaimPlan) -> str:
     if plan.moves:
-        assert plan.assessment.target is not None
-        return f"move->{plan.assessment.target.consumer}"
+        return f"move->{plan.moves[0].to}"
     if plan.dead_letters:
         return "dead-letter"
     if plan.no_target:
@@ -273,7 +272,7 @@ def test_plan_sorts_a_mixed_pending_list() -> None:
         ("a-0", STALE_MS, 5),  # 4-0 dead letter
         ("a-0", STALE_MS, 2),  # 5-0 move
     )
-    assert [e.id for e in plan.moves] == ["1-0", "5-0"]
+    assert [m.entry.id for m in plan.moves] == ["1-0", "5-0"]
     assert [e.id for e in plan.dead_letters] == ["4-0"]
     assert plan.no_target == ()
 
@@ -320,9 +319,9 @@ def test_dead_letter_uses_the_truer_count(
         1,
         (ConsumerInfo(ConsumerName("a-0"), 1, 10), ConsumerInfo(ConsumerName("b-0"), 0, 10)),
     )
-    assessment = reclaim.assess_group(group, Fleet(scene.evidence(), LIMITS))
     recorded = {EntryId("1-0"): attempts} if attempts is not None else {}
-    plan = reclaim.plan_reclaims(assessment, pending, LIMITS, recorded)
+    assessment = reclaim.assess_group(group, Fleet(scene.evidence(), LIMITS), attempts=recorded)
+    plan = reclaim.plan_reclaims(assessment, pending)
     assert outcome(plan) == expected
     if count is not None:
         assert plan.dead_letters[0].deliveries == count

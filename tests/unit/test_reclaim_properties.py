@@ -1,8 +1,10 @@
 """Properties of the reclaim plan over arbitrary fleets (hypothesis).
 
 Whatever the evidence: never target an entry's own owner, never a consumer that is down or
-whose agent is down, never move a fresh entry without pod evidence, never touch an entry whose
-owner is alive, and account for every entry it acts on exactly once.
+whose agent is down, never move a fresh entry of a down owner without pod evidence, never touch
+an entry whose owner is alive and not degraded-stale, move a degraded owner's entries only to
+non-degraded targets, spread within one entry of the water level, and account for every entry
+it acts on exactly once.
 """
 
 from __future__ import annotations
@@ -40,12 +42,18 @@ limits_st = st.builds(
     entry_stale_ms=st.integers(0, 10_000),
     agent_down_ms=st.integers(1, 10_000),
     max_deliveries=st.integers(1, 6),
+    reclaim_degraded=st.booleans(),
+    degraded_grace_ms=st.integers(0, 20_000),
+    entry_deadline_ms=st.just(0),
 )
-heartbeat_st = st.builds(
-    lambda age, degraded: Heartbeat(NOW - timedelta(milliseconds=age), degraded),
-    st.integers(0, 20_000),
-    st.booleans(),
-)
+
+
+def _beat(age: int, degraded: bool, run: int) -> Heartbeat:
+    at = NOW - timedelta(milliseconds=age)
+    return Heartbeat(at, degraded, at - timedelta(milliseconds=run) if degraded else None)
+
+
+heartbeat_st = st.builds(_beat, st.integers(0, 20_000), st.booleans(), st.integers(0, 20_000))
 
 
 @st.composite
@@ -89,53 +97,86 @@ def plan_for(
     scene: tuple[GroupInfo, list[PendingEntry], Evidence, Limits],
 ) -> reclaim.ReclaimPlan:
     group, entries, evidence, limits = scene
-    return reclaim.plan_reclaims(
-        reclaim.assess_group(group, Fleet(evidence, limits)), entries, limits
-    )
+    return reclaim.plan_reclaims(reclaim.assess_group(group, Fleet(evidence, limits)), entries)
+
+
+def acting(scene: SceneT, consumer: str) -> bool:
+    """The owner is down, or degraded-stale: the plan may act on its entries."""
+    _, _, evidence, limits = scene
+    fleet = Fleet(evidence, limits)
+    name = ConsumerName(consumer)
+    return fleet.is_down(name) or fleet.degraded_stale(name)
 
 
 @settings(max_examples=400)
 @given(scenes())
 def test_never_targets_the_original_owner(scene: SceneT) -> None:
-    plan = plan_for(scene)
-    for entry in plan.moves:
-        assert plan.assessment.target is not None
-        assert plan.assessment.target.consumer != entry.consumer
+    for move in plan_for(scene).moves:
+        assert move.to != move.entry.consumer
 
 
 @settings(max_examples=400)
 @given(scenes())
 def test_never_targets_a_down_consumer_or_agent(scene: SceneT) -> None:
     group, _, evidence, limits = scene
-    target = plan_for(scene).assessment.target
-    if target is None:
+    for move in plan_for(scene).moves:
+        assert move.to in {c.name for c in group.consumers}
+        assert not judge_owner(move.to, evidence, limits).down
+        assert not Fleet(evidence, limits).degraded_stale(move.to)
+        agent = resolve_agent(move.to, evidence.known_agents)
+        if agent is not None:
+            assert is_fresh(evidence.agent_heartbeats.get(agent), evidence.now, limits)
+        assert evidence.pod(move.to) is not PodState.GONE
+
+
+@settings(max_examples=400)
+@given(scenes())
+def test_never_moves_a_fresh_entry_of_a_down_owner_without_pod_evidence(scene: SceneT) -> None:
+    _, _, evidence, limits = scene
+    plan = plan_for(scene)
+    entries = (*(m.entry for m in plan.moves), *plan.dead_letters, *plan.no_target)
+    for entry in entries:
+        if judge_owner(entry.consumer, evidence, limits).down:
+            assert (
+                entry.idle_ms >= limits.entry_stale_ms
+                or evidence.pod(entry.consumer) is PodState.GONE
+            )
+
+
+@settings(max_examples=400)
+@given(scenes())
+def test_never_acts_on_entries_of_a_live_healthy_owner(scene: SceneT) -> None:
+    plan = plan_for(scene)
+    for entry in (*(m.entry for m in plan.moves), *plan.dead_letters, *plan.no_target):
+        assert acting(scene, entry.consumer)
+
+
+@settings(max_examples=400)
+@given(scenes())
+def test_degraded_owners_feed_healthy_targets_only(scene: SceneT) -> None:
+    plan = plan_for(scene)
+    degraded = {t.consumer for t in plan.assessment.targets if t.degraded}
+    for move in plan.moves:
+        if move.reason == "degraded":
+            assert move.to not in degraded
+    assert not (plan.assessment.held and any(not t.degraded for t in plan.assessment.targets))
+
+
+@settings(max_examples=400)
+@given(scenes())
+def test_the_spread_stays_within_one_of_the_water_level(scene: SceneT) -> None:
+    """Down owners share one pool: after the moves, every target that received an entry holds
+    at most one more than the least loaded target of that pool."""
+    plan = plan_for(scene)
+    down = [m for m in plan.moves if m.reason in ("down", "pod-gone")]
+    if not down or len(down) != len(plan.moves):
         return
-    assert target.consumer in {c.name for c in group.consumers}
-    assert not judge_owner(target.consumer, evidence, limits).down
-    agent = resolve_agent(target.consumer, evidence.known_agents)
-    if agent is not None:
-        assert is_fresh(evidence.agent_heartbeats.get(agent), evidence.now, limits)
-    assert evidence.pod(target.consumer) is not PodState.GONE
-
-
-@settings(max_examples=400)
-@given(scenes())
-def test_never_moves_a_fresh_entry_without_pod_evidence(scene: SceneT) -> None:
-    _, _, evidence, limits = scene
-    plan = plan_for(scene)
-    for entry in (*plan.moves, *plan.dead_letters, *plan.no_target):
-        assert (
-            entry.idle_ms >= limits.entry_stale_ms or evidence.pod(entry.consumer) is PodState.GONE
-        )
-
-
-@settings(max_examples=400)
-@given(scenes())
-def test_never_acts_on_entries_of_a_live_owner(scene: SceneT) -> None:
-    _, _, evidence, limits = scene
-    plan = plan_for(scene)
-    for entry in (*plan.moves, *plan.dead_letters, *plan.no_target):
-        assert judge_owner(entry.consumer, evidence, limits).down
+    pool = plan.assessment.spread().pool(ConsumerName(""), healthy_only=False)
+    load = {t.consumer: t.pending for t in pool}
+    for move in down:
+        load[move.to] += 1
+    floor = min(load.values())
+    assert all(load[m.to] <= floor + 1 for m in down)
 
 
 @settings(max_examples=400)
@@ -143,20 +184,24 @@ def test_never_acts_on_entries_of_a_live_owner(scene: SceneT) -> None:
 def test_every_eligible_entry_is_decided_exactly_once(scene: SceneT) -> None:
     _, entries, evidence, limits = scene
     plan = plan_for(scene)
-    decided = [e.id for e in (*plan.moves, *plan.dead_letters, *plan.no_target)]
+    moved = [m.entry for m in plan.moves]
+    decided = [e.id for e in (*moved, *plan.dead_letters, *plan.no_target)]
     assert len(decided) == len(set(decided))
-    eligible = {
-        e.id
-        for e in entries
-        if judge_owner(e.consumer, evidence, limits).down
-        and (e.idle_ms >= limits.entry_stale_ms or evidence.pod(e.consumer) is PodState.GONE)
-    }
-    assert set(decided) == eligible
-    for entry in plan.moves:
+    fleet = Fleet(evidence, limits)
+    held = set(plan.assessment.held)
+
+    def eligible(e: PendingEntry) -> bool:
+        if e.consumer in held:
+            return False
+        if fleet.is_down(e.consumer):
+            return e.idle_ms >= limits.entry_stale_ms or evidence.pod(e.consumer) is PodState.GONE
+        return fleet.degraded_stale(e.consumer)
+
+    assert set(decided) == {e.id for e in entries if eligible(e)}
+    for entry in moved:
         assert entry.deliveries < limits.max_deliveries
     for entry in plan.dead_letters:
         assert entry.deliveries >= limits.max_deliveries
-    assert not (plan.no_target and plan.assessment.target is not None)
 
 
 @settings(max_examples=300)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -87,117 +87,144 @@ return {new_id, issue}
 _DIAGNOSTICS = ("originalId", "stream", "group", "consumer", "deliveries", "reason")
 
 
-# One page of a consumer's entry rule, applied where the pending list lives: read the page with
-# XPENDING IDLE, set worn entries aside, and XCLAIM the rest to the target with the least idle
-# time observed as min-idle. Atomic, so nothing can touch an entry between the look and the
-# move. With no target it only sorts (a dry run, or a group without a live consumer).
-# KEYS: stream. ARGV: group, owner, target ('' = sort only), min-idle, max-deliveries,
-#       start ('-' or '(<id>'), count, ids worn out by recorded attempts...
-# Returns {moved ids (or movable ids), {id, idle, deliveries, ...} worn, last id read, rows read,
-#          movable count} (on Redis 7 an entry trimmed from the stream is dropped, not moved).
+# One page of an owner's entry rule, applied where the pending list lives: read the page with
+# XPENDING IDLE and sort it into entries to move and entries worn out (for the dead-letter path)
+# without shipping the rest out. The moves themselves are XCLAIMs with the least idle time seen
+# here as min-idle (`claim`), so an entry touched in between stays where it is.
+# KEYS: stream. ARGV: group, owner, min-idle, max-deliveries, start ('-' or '(<id>'), count,
+#       then three id sets, each as its size and its ids: worn (recorded attempts), keep (never
+#       qualify), due (qualify at any idle time). With due ids the page is read at any idle.
+# Returns {movable ids, least idle among them, {id, idle, deliveries, ...} worn, last id read,
+#          rows read}.
 _SWEEP_LUA = """
-local rows = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4],
-                        ARGV[6], '+', tonumber(ARGV[7]), ARGV[2])
-local worn = {}
-for i = 8, #ARGV do worn[ARGV[i]] = true end
-local max_deliveries = tonumber(ARGV[5])
+local at, sets = 7, {}
+for s = 1, 3 do
+  local set, n = {}, tonumber(ARGV[at])
+  for i = at + 1, at + n do set[ARGV[i]] = true end
+  sets[s] = set
+  at = at + n + 1
+end
+local worn, keep, due = sets[1], sets[2], sets[3]
+local min_idle, max_deliveries = tonumber(ARGV[3]), tonumber(ARGV[4])
+local filter = min_idle
+if next(due) ~= nil then filter = 0 end
+local rows = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', filter,
+                        ARGV[5], '+', tonumber(ARGV[6]), ARGV[2])
 local movable, dead, least = {}, {}, nil
 for _, row in ipairs(rows) do
-  if row[4] >= max_deliveries or worn[row[1]] then
-    table.insert(dead, row[1]); table.insert(dead, row[3]); table.insert(dead, row[4])
-  else
-    table.insert(movable, row[1])
-    if least == nil or row[3] < least then least = row[3] end
+  local id, idle = row[1], row[3]
+  if due[id] or (idle >= min_idle and not keep[id]) then
+    if row[4] >= max_deliveries or worn[id] then
+      table.insert(dead, id); table.insert(dead, idle); table.insert(dead, row[4])
+    else
+      table.insert(movable, id)
+      if least == nil or idle < least then least = idle end
+    end
   end
-end
-local moved = movable
-if ARGV[3] ~= '' and #movable > 0 then
-  local claim = {'XCLAIM', KEYS[1], ARGV[1], ARGV[3], least}
-  for _, id in ipairs(movable) do table.insert(claim, id) end
-  table.insert(claim, 'JUSTID')
-  moved = redis.call(unpack(claim))
 end
 local last = ''
 if #rows > 0 then last = rows[#rows][1] end
-return {moved, dead, last, #rows, #movable}
+return {movable, least or 0, dead, last, #rows}
 """
 SWEEP_PAGE = 1_000  # entries per script call: about a millisecond of Redis time
 
 
 @dataclass(frozen=True, slots=True)
 class SweepRule:
-    """Which entries of `owner` qualify (idle >= min_idle_ms) and which are worn out."""
+    """Which entries of `owner` qualify and which of those are worn out (`OwnerRule`'s terms)."""
 
     owner: ConsumerName
     min_idle_ms: int
     max_deliveries: int
     worn: Collection[str] = ()
+    keep: Collection[str] = ()
+    due: Collection[str] = ()
+
+    def args(self, start: str, count: int) -> list[str | int]:
+        args: list[str | int] = [self.owner, self.min_idle_ms, self.max_deliveries, start, count]
+        for ids in (self.worn, self.keep, self.due):
+            args += [len(ids), *ids]
+        return args
 
 
-@dataclass
-class Swept:
-    """What a sweep did to one owner's pending list."""
+@dataclass(frozen=True, slots=True)
+class SweptPage:
+    """One page of an owner's pending list, sorted by its rule."""
 
-    moved: list[EntryId] = field(default_factory=list)  # or movable, when sorting only
-    worn: list[PendingEntry] = field(default_factory=list)
-    movable: int = 0
+    movable: list[EntryId]
+    least_idle_ms: int
+    worn: list[PendingEntry]
+    next_start: str | None  # where the next page starts; None at the end of the list
 
 
-async def sweep(
+async def sweep_pages(
     client: Redis,
     *,
     stream: StreamKey,
     group: GroupName,
-    rules: Sequence[SweepRule],
-    target: ConsumerName | None,
+    pages: Mapping[ConsumerName, tuple[SweepRule, str]],
     page_size: int = SWEEP_PAGE,
-) -> dict[ConsumerName, Swept]:
-    """Apply each owner's rule to its whole pending list, page by page, inside Redis.
+) -> dict[ConsumerName, SweptPage]:
+    """Sort the next page of each owner's pending list (rule, start) in one round trip.
 
-    Qualifying entries move to `target` (or, with no target, are only reported); worn-out ones
-    are returned untouched for the dead-letter path. Every owner's next page goes out in the
-    same round trip.
+    An owner whose page Redis refused (the group or stream is gone) is logged and left out.
     """
     script = client.register_script(_SWEEP_LUA)
-    results = {rule.owner: Swept() for rule in rules}
-    cursors = {rule.owner: "-" for rule in rules}
-    by_owner = {rule.owner: rule for rule in rules}
-    while cursors:
-        async with client.pipeline(transaction=False) as pipe:
-            for owner, start in cursors.items():
-                rule = by_owner[owner]
-                await script(
-                    keys=[stream],
-                    args=[
-                        group,
-                        owner,
-                        target or "",
-                        rule.min_idle_ms,
-                        rule.max_deliveries,
-                        start,
-                        page_size,
-                        *rule.worn,
-                    ],
-                    client=pipe,
-                )
-            replies = await pipe.execute(raise_on_error=False)
-        next_cursors: dict[ConsumerName, str] = {}
-        for owner, reply in zip(cursors, replies, strict=True):
-            if isinstance(reply, ResponseError):
-                logger.info("Pending list of %s in %s/%s skipped: %s", owner, stream, group, reply)
-                continue
-            moved, worn, last, read, movable = reply
-            swept = results[owner]
-            swept.moved.extend(moved)
-            swept.movable += movable
-            swept.worn.extend(
+    async with client.pipeline(transaction=False) as pipe:
+        for rule, start in pages.values():
+            await script(keys=[stream], args=[group, *rule.args(start, page_size)], client=pipe)
+        replies = await pipe.execute(raise_on_error=False)
+    sorted_pages: dict[ConsumerName, SweptPage] = {}
+    for owner, reply in zip(pages, replies, strict=True):
+        if isinstance(reply, ResponseError):
+            logger.info("Pending list of %s in %s/%s skipped: %s", owner, stream, group, reply)
+            continue
+        movable, least, worn, last, read = reply
+        sorted_pages[owner] = SweptPage(
+            movable,
+            int(least),
+            [
                 PendingEntry(EntryId(worn[i]), owner, int(worn[i + 1]), int(worn[i + 2]))
                 for i in range(0, len(worn), 3)
+            ],
+            "(" + last if read == page_size else None,
+        )
+    return sorted_pages
+
+
+class ClaimBatch(NamedTuple):
+    """Entries to move to `target` with one XCLAIM, guarded by `min_idle_ms`."""
+
+    target: ConsumerName
+    min_idle_ms: int
+    ids: Sequence[EntryId]
+
+
+async def claim(
+    client: Redis, *, stream: StreamKey, group: GroupName, batches: Sequence[ClaimBatch]
+) -> list[list[EntryId]]:
+    """XCLAIM ... JUSTID each batch, all in one round trip; per batch, the ids really moved.
+
+    The min-idle guard makes each move atomic: an entry acked, re-read or claimed by someone
+    else since it was seen is not idle enough and stays. XCLAIM JUSTID does not raise the
+    delivery count. On Redis 7 an entry trimmed from the stream is dropped, not moved.
+    """
+    if not batches:
+        return []
+    async with client.pipeline(transaction=False) as pipe:
+        for batch in batches:
+            pipe.xclaim(
+                stream, group, batch.target, batch.min_idle_ms, list(batch.ids), justid=True
             )
-            if read == page_size:
-                next_cursors[owner] = "(" + last
-        cursors = next_cursors
-    return results
+        replies = await pipe.execute(raise_on_error=False)
+    moved: list[list[EntryId]] = []
+    for batch, reply in zip(batches, replies, strict=True):
+        if isinstance(reply, ResponseError):
+            logger.info("Claim to %s in %s/%s failed: %s", batch.target, stream, group, reply)
+            moved.append([])
+        else:
+            moved.append(reply)
+    return moved
 
 
 # Append an entry at most once per idempotency key, atomically: a repeat, however concurrent and
@@ -325,7 +352,8 @@ async def resolve_streams(client: Redis, *, names: Sequence[str]) -> list[Stream
 
 
 async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> list[GroupInfo]:
-    """XINFO GROUPS then XINFO CONSUMERS for every group, two round trips in all."""
+    """XINFO GROUPS, then XINFO CONSUMERS and the oldest pending entry (XPENDING - + 1) of every
+    group: two round trips in all."""
     async with client.pipeline(transaction=False) as pipe:
         for stream in streams:
             pipe.xinfo_groups(stream)
@@ -337,16 +365,30 @@ async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> lis
             continue
         groups.extend((stream, GroupName(g["name"]), int(g["pending"])) for g in reply)
     async with client.pipeline(transaction=False) as pipe:
-        for stream, group, _ in groups:
+        for stream, group, pending in groups:
             pipe.xinfo_consumers(stream, group)
-        consumer_replies = await pipe.execute(raise_on_error=False)
+            if pending:
+                pipe.xpending_range(stream, group, min="-", max="+", count=1)
+        replies = iter(await pipe.execute(raise_on_error=False))
     described: list[GroupInfo] = []
-    for (stream, group, pending), reply in zip(groups, consumer_replies, strict=True):
+    for stream, group, pending in groups:
+        reply = next(replies)
+        oldest = next(replies) if pending else []
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
         consumers = tuple(_consumer_info(row) for row in reply)
-        described.append(GroupInfo(stream, group, pending, consumers))
+        first = oldest[0] if isinstance(oldest, list) and oldest else None
+        described.append(
+            GroupInfo(
+                stream,
+                group,
+                pending,
+                consumers,
+                oldest_id=EntryId(first["message_id"]) if first else None,
+                oldest_idle_ms=int(first["time_since_delivered"]) if first else None,
+            )
+        )
     return described
 
 

@@ -25,7 +25,14 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 RETRY_AFTER_S = "5"
 # pydantic puts the union member's tag into the location: it names no field of the request.
-_TAGS = {"HEARTBEAT", "ISSUE_ASSIGNED", "WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"}
+_TAGS = {
+    "HEARTBEAT",
+    "ISSUE_ASSIGNED",
+    "WORK_STARTED",
+    "WORK_PROGRESS",
+    "WORK_COMPLETED",
+    "WORK_FAILED",
+}
 
 
 def field_of(location: tuple[Any, ...] | list[Any]) -> str:

@@ -65,7 +65,7 @@ class IssueAssignedEvent(Wire):
 
 
 class WorkEvent(Wire):
-    type: Literal["WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"]
+    type: Literal["WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"]
     agent_id: Name
     stream: Name
     entry_id: EntryIdField

@@ -56,6 +56,8 @@ class TargetCandidate:
     degraded: bool
     # Age of the freshest sign of life: a heartbeat naming it, or its XINFO idle time.
     evidence_age_ms: int
+    # Entries it holds in the group now (XINFO): the spread's starting load.
+    pending: int = 0
 
     def rank(self) -> tuple[bool, int, str]:
         """Non-degraded before degraded, freshest evidence first, then by name for stable plans."""
@@ -134,9 +136,31 @@ class Fleet:
         beats = [beat.at for beat in (own_beat, agent_beat) if beat is not None]
         return OwnerVerdict(consumer, agent, tuple(reasons), max(beats) if beats else None)
 
+    def degraded_since(self, consumer: ConsumerName) -> datetime | None:
+        """Start of the consumer's unbroken degraded run, if it is degraded now (rule 3b).
+
+        Its own heartbeats decide for a consumer that has heartbeated by name; the agent's
+        heartbeats that name no consumer decide for the others.
+        """
+        own = self.evidence.consumer_heartbeats.get(consumer)
+        if own is not None:
+            return own.degraded_since
+        agent = self.agent_of(consumer)
+        beat = self.evidence.agent_heartbeats.get(agent) if agent is not None else None
+        return beat.degraded_since if beat is not None else None
+
+    def degraded_stale(self, consumer: ConsumerName) -> bool:
+        """Rule 3b: degraded without a break for at least RIG_DEGRADED_GRACE_MS (when on)."""
+        if not self.limits.reclaim_degraded:
+            return False
+        since = self.degraded_since(consumer)
+        grace = timedelta(milliseconds=self.limits.degraded_grace_ms)
+        return since is not None and self.evidence.now - since >= grace
+
     def target(self, info: ConsumerInfo) -> TargetCandidate | None:
-        """Rule 5: alive by its own evidence and not down by rule 3; else None."""
-        if self.is_down(info.name):
+        """Rule 5: alive by its own evidence, not down by rule 3 and not degraded-stale (its own
+        entries are leaving it); else None."""
+        if self.is_down(info.name) or self.degraded_stale(info.name):
             return None
         evidence, limits = self.evidence, self.limits
         own_beat = evidence.consumer_heartbeats.get(info.name)
@@ -157,7 +181,7 @@ class Fleet:
         else:
             agent_beat = evidence.agent_heartbeats.get(agent) if agent else None
             degraded = agent_beat.degraded if agent_beat is not None else False
-        return TargetCandidate(info.name, agent, degraded, min(ages))
+        return TargetCandidate(info.name, agent, degraded, min(ages), info.pending)
 
 
 def judge_owner(consumer: ConsumerName, evidence: Evidence, limits: Limits) -> OwnerVerdict:

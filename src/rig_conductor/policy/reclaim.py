@@ -1,55 +1,276 @@
 """The reclaim decision for one consumer group: the contract's Reaper rules 3 to 7.
 
-Pure: stdlib and domain only. Two levels:
-1. `assess_group` judges every consumer that holds entries and picks the target, from XINFO
-   and the fleet's evidence alone. Only the consumers it finds down are looked at further.
-2. `EntryRule` decides each pending entry of a down consumer: move, dead-letter or leave.
-   It is small enough to state as parameters, so the Redis adapter can apply it server-side
-   to a whole pending list without shipping every entry out and back (`plan_reclaims` applies
-   it here, entry by entry: it is the rule's reference, and the adapter is tested against it).
+Pure: stdlib and domain only. Three parts:
+1. `assess_group` judges every consumer that holds entries, from XINFO and the fleet's evidence
+   alone: down (rule 3), degraded-stale (3b), or alive with entries that may have stalled (4b).
+   Each owner it acts on gets an `OwnerRule`; every eligible target is ranked (rule 5).
+2. `OwnerRule.decide` sorts one pending entry: move, dead-letter or leave (rules 4, 4b, 7). It is
+   small enough to state as parameters, so the Redis adapter applies it server-side to a whole
+   pending list without shipping every entry out and back.
+3. `Spread` water-fills the entries to move across the targets by their pending counts,
+   counting what the scan already gave each (rule 5): spread, do not pile.
+
+`plan_reclaims` applies all three to a list of entries here, entry by entry: it is the rule's
+reference, and the adapter-driven scan is tested against it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, NamedTuple
 
 from rig_conductor.domain import (
+    AgentId,
     ConsumerName,
     EntryId,
     GroupInfo,
     GroupName,
     Limits,
     PendingEntry,
+    Progress,
     StreamKey,
 )
-from rig_conductor.policy.liveness import Fleet, OwnerVerdict, TargetCandidate
+from rig_conductor.policy.liveness import DownReason, Fleet, TargetCandidate
+
+Reason = Literal["pod-gone", "down", "degraded", "stalled", "manual"]
+# The order in which a move's reason is named: the first that applies.
+REASONS: tuple[Reason, ...] = ("pod-gone", "down", "degraded", "stalled", "manual")
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRule:
+    """Rules 4, 4b and 7 for the entries of one owner.
+
+    An entry qualifies when it is `due` (its attempt made no progress within the deadline), or
+    when it is idle at least `min_idle_ms` and not in `keep` (its attempt made progress lately).
+    A qualifying entry is worn out when its delivery count, or its recorded attempts (`worn`:
+    only entries with that many), reached `max_deliveries`. Worn entries are dead-lettered; the
+    others move, to a non-degraded target only when `healthy_only`.
+    """
+
+    owner: ConsumerName
+    agent: AgentId | None
+    reason: Reason
+    min_idle_ms: int
+    max_deliveries: int
+    worn: Mapping[EntryId, int] = field(default_factory=dict)
+    healthy_only: bool = False
+    keep: frozenset[EntryId] = frozenset()
+    due: frozenset[EntryId] = frozenset()
+    # For the event log: why the owner is down, and its newest heartbeat.
+    down_reasons: tuple[DownReason, ...] = ()
+    last_heartbeat_at: datetime | None = None
+
+    def decide(self, entry: PendingEntry) -> Literal["move", "dead", "leave"]:
+        if entry.id not in self.due and (entry.idle_ms < self.min_idle_ms or entry.id in self.keep):
+            return "leave"  # fresh: the owner may still be working on it
+        if self.deliveries(entry) >= self.max_deliveries:
+            return "dead"
+        return "move"
+
+    def deliveries(self, entry: PendingEntry) -> int:
+        """The truer of the two counts: Redis deliveries and recorded attempts."""
+        return max(entry.deliveries, self.worn.get(entry.id, 0))
 
 
 @dataclass(frozen=True, slots=True)
 class GroupAssessment:
     stream: StreamKey
     group: GroupName
-    # Consumers that hold pending entries and are down by rule 3.
-    down: Mapping[ConsumerName, OwnerVerdict]
-    target: TargetCandidate | None
+    # One rule per owner the scan acts on, in the order the reasons rank.
+    rules: Mapping[ConsumerName, OwnerRule]
+    # Every consumer rule 5 allows as a target, best first.
+    targets: tuple[TargetCandidate, ...]
+    # Degraded-stale owners left in place for want of a non-degraded target: their pending
+    # counts (rule 3b's `degradedHeld`).
+    held: Mapping[ConsumerName, int] = field(default_factory=dict)
+
+    @property
+    def down(self) -> dict[ConsumerName, OwnerRule]:
+        """The rules of owners that are down by rule 3."""
+        return {c: r for c, r in self.rules.items() if r.reason in ("pod-gone", "down")}
+
+    @property
+    def target(self) -> TargetCandidate | None:
+        """The best-ranked target: where a single entry of a down owner would go first."""
+        return self.targets[0] if self.targets else None
 
     def min_idle_ms(self, consumer: ConsumerName, limits: Limits) -> int:
-        """The least idle time an entry of this consumer needs to be reclaimed (rule 4).
+        return self.rules[consumer].min_idle_ms
 
-        A pod Kubernetes reports gone can never ack, so its entries qualify at any idle time.
-        """
-        verdict = self.down[consumer]
-        return 0 if verdict.pod_gone else limits.entry_stale_ms
+    def spread(self) -> Spread:
+        return Spread(self.targets)
+
+
+def assess_group(
+    group: GroupInfo,
+    fleet: Fleet,
+    *,
+    attempts: Mapping[EntryId, int] | None = None,
+    progress: Progress | None = None,
+) -> GroupAssessment:
+    """Judge every consumer of `group` that holds entries; `attempts`: recorded attempts of
+    entries that have many; `progress`: rule 4b's evidence (None: every entry by idle time)."""
+    limits = fleet.limits
+    worn = {e: n for e, n in (attempts or {}).items() if n >= limits.max_deliveries}
+    targets = tuple(
+        sorted(
+            (t for t in (fleet.target(info) for info in group.consumers) if t is not None),
+            key=TargetCandidate.rank,
+        )
+    )
+    has_healthy = any(not t.degraded for t in targets)
+    progress = progress or Progress()
+    stalls = _may_stall(group, fleet, progress)
+    rules: list[OwnerRule] = []
+    held: dict[ConsumerName, int] = {}
+    for info in group.consumers:
+        if info.pending == 0:
+            continue
+        rule = _owner_rule(info.name, fleet, worn, progress if stalls else None)
+        if rule is None:
+            continue
+        if rule.reason == "degraded" and not has_healthy:
+            held[info.name] = info.pending
+            continue
+        rules.append(rule)
+    rules.sort(key=lambda r: REASONS.index(r.reason))
+    return GroupAssessment(group.stream, group.name, {r.owner: r for r in rules}, targets, held)
+
+
+# Redis stamps entry ids with its own clock, the evidence uses PostgreSQL's: allow this much skew.
+CLOCK_SKEW_MS = 60_000
+
+
+def _may_stall(group: GroupInfo, fleet: Fleet, progress: Progress) -> bool:
+    """Whether any entry of `group` can be stalled (rule 4b), so alive owners' lists need a look.
+
+    An entry's idle time never exceeds its age, and its id carries the time it was added: when
+    even the oldest pending entry is younger than the deadline, and no recorded attempt is past
+    it, no entry can have stalled. This keeps a quiet scan from reading every pending list.
+    """
+    deadline = fleet.limits.entry_deadline_ms
+    if deadline <= 0:
+        return False
+    if progress.stale:
+        return True
+    oldest = group.oldest_id_ms
+    if oldest is None:
+        return group.pending > 0
+    now_ms = fleet.evidence.now.timestamp() * 1000
+    return oldest <= now_ms - deadline + CLOCK_SKEW_MS
+
+
+def _owner_rule(
+    consumer: ConsumerName,
+    fleet: Fleet,
+    worn: Mapping[EntryId, int],
+    progress: Progress | None,
+) -> OwnerRule | None:
+    """The owner's rule: down, degraded-stale, or (with `progress`: its group may hold stalled
+    entries) alive and judged entry by entry; None when the scan leaves it alone."""
+    limits = fleet.limits
+    agent = fleet.agent_of(consumer)
+    if fleet.is_down(consumer):
+        verdict = fleet.owner(consumer)
+        pod_gone = verdict.pod_gone
+        return OwnerRule(
+            consumer,
+            agent,
+            "pod-gone" if pod_gone else "down",
+            # A pod Kubernetes reports gone can never ack: its entries qualify at any idle time.
+            0 if pod_gone else limits.entry_stale_ms,
+            limits.max_deliveries,
+            worn,
+            down_reasons=verdict.reasons,
+            last_heartbeat_at=verdict.last_heartbeat_at,
+        )
+    if fleet.degraded_stale(consumer):
+        # A degraded worker that retries its entries keeps resetting their idle time: all go.
+        return OwnerRule(
+            consumer, agent, "degraded", 0, limits.max_deliveries, worn, healthy_only=True
+        )
+    if progress is not None:
+        return OwnerRule(
+            consumer,
+            agent,
+            "stalled",
+            limits.entry_deadline_ms,
+            limits.max_deliveries,
+            worn,
+            keep=progress.fresh,
+            due=progress.stale,
+        )
+    return None
+
+
+class Spread:
+    """Rule 5's water-filling: each entry goes to the eligible target holding the fewest pending
+    entries of the group at that moment, counting what this scan already gave it; ties go to the
+    freshest evidence. Non-degraded targets before degraded ones, whatever their load; never
+    the entry's own owner."""
+
+    def __init__(self, targets: Sequence[TargetCandidate]) -> None:
+        self._targets = list(targets)  # best rank first
+        self._load = {t.consumer: t.pending for t in targets}
+
+    def load(self, consumer: ConsumerName) -> int:
+        return self._load[consumer]
+
+    def pool(self, owner: ConsumerName, *, healthy_only: bool) -> list[TargetCandidate]:
+        others = [t for t in self._targets if t.consumer != owner]
+        healthy = [t for t in others if not t.degraded]
+        return healthy if healthy or healthy_only else others
+
+    def share(
+        self, count: int, *, owner: ConsumerName, healthy_only: bool = False
+    ) -> list[tuple[TargetCandidate, int]]:
+        """How `count` entries of `owner` divide over the pool; empty when there is no target.
+        Does not count them as given: call `took` with what really moved."""
+        pool = self.pool(owner, healthy_only=healthy_only)
+        if not pool or count <= 0:
+            return []
+        order = sorted(pool, key=lambda t: self._load[t.consumer])  # stable: rank within load
+        level, remaining, filled = self._load[order[0].consumer], count, 0
+        while True:
+            while filled < len(order) and self._load[order[filled].consumer] <= level:
+                filled += 1
+            if filled == len(order):
+                step, extra = divmod(remaining, filled)
+                level += step
+                break
+            next_level = self._load[order[filled].consumer]
+            cost = filled * (next_level - level)
+            if cost > remaining:
+                step, extra = divmod(remaining, filled)
+                level += step
+                break
+            remaining -= cost
+            level = next_level
+        lucky = {t.consumer for t in sorted(order[:filled], key=TargetCandidate.rank)[:extra]}
+        shares = [
+            (t, level - self._load[t.consumer] + (t.consumer in lucky)) for t in order[:filled]
+        ]
+        return [(t, n) for t, n in sorted(shares, key=lambda s: s[0].rank()) if n > 0]
+
+    def took(self, consumer: ConsumerName, count: int) -> None:
+        self._load[consumer] += count
+
+
+class Move(NamedTuple):
+    entry: PendingEntry
+    to: ConsumerName
+    reason: Reason
 
 
 @dataclass(frozen=True, slots=True)
 class ReclaimPlan:
-    """What to do with the entries of one group. Moves all go to `assessment.target`."""
+    """What to do with the entries of one group."""
 
     assessment: GroupAssessment
-    moves: tuple[PendingEntry, ...]
+    moves: tuple[Move, ...]
     dead_letters: tuple[PendingEntry, ...]
     no_target: tuple[PendingEntry, ...]
 
@@ -58,81 +279,37 @@ class ReclaimPlan:
         return not (self.moves or self.dead_letters or self.no_target)
 
 
-def assess_group(group: GroupInfo, fleet: Fleet) -> GroupAssessment:
-    down = {
-        info.name: fleet.owner(info.name)
-        for info in group.consumers
-        if info.pending > 0 and fleet.is_down(info.name)
-    }
-    target = pick_target(group, fleet) if down else None
-    return GroupAssessment(group.stream, group.name, down, target)
+def plan_reclaims(assessment: GroupAssessment, entries: Iterable[PendingEntry]) -> ReclaimPlan:
+    """Apply the group's owner rules and the spread to `entries`, owner by owner in rule order.
 
-
-def pick_target(group: GroupInfo, fleet: Fleet) -> TargetCandidate | None:
-    """Rule 5: the best consumer of the group that is alive by its own evidence."""
-    candidates = (fleet.target(info) for info in group.consumers)
-    return min((c for c in candidates if c is not None), key=TargetCandidate.rank, default=None)
-
-
-@dataclass(frozen=True, slots=True)
-class EntryRule:
-    """Rules 4 and 7 for the entries of one down consumer.
-
-    An entry qualifies when idle at least `min_idle_ms`; a qualifying entry is worn out when
-    its delivery count, or its recorded attempts (`worn`: only entries with that many), reached
-    `max_deliveries`. Worn entries are dead-lettered, the others move to the target.
+    Entries of owners without a rule are left alone. Dead letters carry the count that decided
+    it (the larger of deliveries and recorded attempts).
     """
-
-    owner: ConsumerName
-    min_idle_ms: int
-    max_deliveries: int
-    worn: Mapping[EntryId, int]
-
-    def decide(self, entry: PendingEntry) -> Literal["move", "dead", "leave"]:
-        if entry.idle_ms < self.min_idle_ms:
-            return "leave"  # fresh: the owner may still be working on it
-        if max(entry.deliveries, self.worn.get(entry.id, 0)) >= self.max_deliveries:
-            return "dead"
-        return "move"
-
-
-def entry_rules(
-    assessment: GroupAssessment, limits: Limits, attempts: Mapping[EntryId, int] | None = None
-) -> list[EntryRule]:
-    """One rule per down consumer. `attempts`: recorded attempts of entries that have many."""
-    worn = {entry: n for entry, n in (attempts or {}).items() if n >= limits.max_deliveries}
-    return [
-        EntryRule(consumer, assessment.min_idle_ms(consumer, limits), limits.max_deliveries, worn)
-        for consumer in assessment.down
-    ]
-
-
-def plan_reclaims(
-    assessment: GroupAssessment,
-    entries: Iterable[PendingEntry],
-    limits: Limits,
-    attempts: Mapping[EntryId, int] | None = None,
-) -> ReclaimPlan:
-    """Apply the group's entry rules to `entries`: moves, dead letters, entries with no target.
-
-    Entries of owners that are alive (or unknown) are left alone; the target is never an
-    entry's owner, since owners here are down and targets are not. Dead letters carry the
-    count that decided it (the larger of deliveries and recorded attempts).
-    """
-    rules = {rule.owner: rule for rule in entry_rules(assessment, limits, attempts)}
-    has_target = assessment.target is not None
-    moves: list[PendingEntry] = []
+    by_owner: dict[ConsumerName, list[PendingEntry]] = {}
+    for entry in entries:
+        if entry.consumer in assessment.rules:
+            by_owner.setdefault(entry.consumer, []).append(entry)
+    spread = assessment.spread()
+    moves: list[Move] = []
     dead: list[PendingEntry] = []
     stuck: list[PendingEntry] = []
-    for entry in entries:
-        rule = rules.get(entry.consumer)
-        if rule is None:
+    for owner, rule in assessment.rules.items():
+        movable: list[PendingEntry] = []
+        for entry in by_owner.get(owner, ()):
+            decision = rule.decide(entry)
+            if decision == "dead":
+                dead.append(entry._replace(deliveries=rule.deliveries(entry)))
+            elif decision == "move":
+                movable.append(entry)
+        shares = spread.share(len(movable), owner=owner, healthy_only=rule.healthy_only)
+        if not shares:
+            stuck.extend(movable)
             continue
-        decision = rule.decide(entry)
-        if decision == "dead":
-            dead.append(
-                entry._replace(deliveries=max(entry.deliveries, rule.worn.get(entry.id, 0)))
+        start = 0
+        for target, count in shares:
+            moves.extend(
+                Move(e, target.consumer, rule.reason) for e in movable[start : start + count]
             )
-        elif decision == "move":
-            (moves if has_target else stuck).append(entry)
+            spread.took(target.consumer, count)
+            start += count
     return ReclaimPlan(assessment, tuple(moves), tuple(dead), tuple(stuck))

@@ -1,9 +1,9 @@
 """One reaper scan: fetch -> plan -> apply -> report.
 
-The decisions are `policy.reclaim`'s: which consumers are down, the target, and each down
-consumer's entry rule. This module moves data between the adapters and the policy, has the
-Redis adapter apply the entry rules where the pending lists live, writes the `[StreamReclaim]`
-log lines and records what it did in the event log.
+The decisions are `policy.reclaim`'s: which owners the scan acts on and why (down, degraded,
+stalled), their entry rules and the spread over the targets. This module moves data between the
+adapters and the policy, has `moves.sweep_group` apply the rules where the pending lists live,
+writes the `[StreamReclaim]` log lines and records what it did in the event log.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -22,86 +20,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import ConsumerName, EntryId, PendingEntry, PodState
+from rig_conductor.domain import ConsumerName, PendingEntry, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import liveness, reclaim
-from rig_conductor.reaper import observe
+from rig_conductor.reaper import moves, observe
+from rig_conductor.reaper.report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 DEAD_LETTER_REASON = "max-deliveries"
 
-
-@dataclass
-class GroupOutcome:
-    """What a scan did (or, in a dry run, would do) in one group with down consumers."""
-
-    stream: str
-    group: str
-    target: str | None
-    reclaimed: int = 0
-    dead_lettered: int = 0
-    no_target: int = 0
-    skipped: int = 0
-    # Per owner, the entries moved off it: for the log lines, the event log and the metrics.
-    moved: dict[ConsumerName, list[EntryId]] = field(default_factory=dict)
-    # The entries dead-lettered, for the assignment rows.
-    dead: list[redis_streams.DeadLettered] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stream": self.stream,
-            "group": self.group,
-            "target": self.target,
-            "reclaimed": self.reclaimed,
-            "deadLettered": self.dead_lettered,
-            "noTarget": self.no_target,
-            "skipped": self.skipped,
-        }
-
-
-@dataclass
-class ScanReport:
-    """What one scan saw and did. In a dry run the counts are what it would have done."""
-
-    dry_run: bool
-    streams: int = 0
-    groups: int = 0
-    pending: int = 0
-    consumers_down: int = 0
-    reclaimed: int = 0
-    dead_lettered: int = 0
-    no_target: int = 0
-    # Chosen, but acked, re-read, trimmed or claimed elsewhere before the move: left alone.
-    skipped: int = 0
-    # The detector's count: consumers holding entries with no fresh heartbeat behind them.
-    without_heartbeat: int = 0
-    duration_ms: int = 0
-    per_group: list[GroupOutcome] = field(default_factory=list)
-
-    def add(self, outcome: GroupOutcome) -> None:
-        self.per_group.append(outcome)
-        self.reclaimed += outcome.reclaimed
-        self.dead_lettered += outcome.dead_lettered
-        self.no_target += outcome.no_target
-        self.skipped += outcome.skipped
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "streams": self.streams,
-            "groups": self.groups,
-            "pending": self.pending,
-            "consumersDown": self.consumers_down,
-            "reclaimed": self.reclaimed,
-            "deadLettered": self.dead_lettered,
-            "noTarget": self.no_target,
-            "skipped": self.skipped,
-            "consumersWithoutHeartbeat": self.without_heartbeat,
-            "dryRun": self.dry_run,
-            "durationMs": self.duration_ms,
-            "groupsDetail": [outcome.to_json() for outcome in self.per_group],
-        }
+__all__ = ["GroupOutcome", "ScanReport", "describe_failure", "reap_once"]
 
 
 async def reap_once(
@@ -128,32 +58,42 @@ async def reap_once(
     evidence = await queries.load_evidence(
         engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
     )
+    work_evidence = await work.load_work_evidence(
+        engine,
+        tenant=settings.tenant,
+        streams=streams,
+        worn_at=limits.max_deliveries,
+        deadline_ms=limits.entry_deadline_ms,
+    )
     fleet = liveness.Fleet(evidence, limits)
     report.streams = len(streams)
     for group in groups:
         report.groups += 1
         report.pending += group.pending
         # Plan.
-        assessment = reclaim.assess_group(group, fleet)
-        if not assessment.down:
-            continue
-        report.consumers_down += len(assessment.down)
-        attempts = await work.worn_attempts(
-            engine, tenant=settings.tenant, stream=group.stream, at_least=limits.max_deliveries
+        assessment = reclaim.assess_group(
+            group,
+            fleet,
+            attempts=work_evidence.worn.get(group.stream),
+            progress=work_evidence.progress.get(group.stream),
         )
-        rules = reclaim.entry_rules(assessment, limits, attempts)
+        report.consumers_down += len(assessment.down)
+        report.consumers_degraded += sum(
+            r.reason == "degraded" for r in assessment.rules.values()
+        ) + len(assessment.held)
+        if not (assessment.rules or assessment.held):
+            continue
         # Apply.
         outcome = await _apply(
             assessment,
-            rules,
             redis=redis,
             engine=engine,
             tenant=settings.tenant,
             dry_run=report.dry_run,
+            metrics=metrics,
         )
-        report.add(outcome)
-        if metrics is not None and not report.dry_run:
-            _count(assessment, outcome, metrics)
+        if outcome.reclaimed or outcome.dead_lettered or outcome.no_target or outcome.degraded_held:
+            report.add(outcome)
     # Report.
     if (report.reclaimed or report.dead_lettered) and not report.dry_run:
         # Gauges and the detector describe what is left after the moves.
@@ -161,7 +101,6 @@ async def reap_once(
     report.without_heartbeat = await observe.observe(
         groups=groups,
         fleet=fleet,
-        redis=redis,
         engine=engine,
         tenant=settings.tenant,
         metrics=metrics,
@@ -173,115 +112,133 @@ async def reap_once(
 
 async def _apply(
     assessment: reclaim.GroupAssessment,
-    rules: list[reclaim.EntryRule],
     *,
     redis: Redis,
     engine: AsyncEngine,
     tenant: str,
     dry_run: bool,
+    metrics: Metrics | None,
 ) -> GroupOutcome:
-    target = assessment.target
-    moving = target is not None and not dry_run
-    swept = await redis_streams.sweep(
-        redis,
-        stream=assessment.stream,
-        group=assessment.group,
-        rules=[
-            redis_streams.SweepRule(r.owner, r.min_idle_ms, r.max_deliveries, tuple(r.worn))
-            for r in rules
-        ],
-        target=target.consumer if moving and target else None,
-    )
-    outcome = GroupOutcome(assessment.stream, assessment.group, target.consumer if target else None)
-    worn = [
-        entry._replace(deliveries=max(entry.deliveries, rule.worn.get(entry.id, 0)))
-        for rule in rules
-        for entry in swept[rule.owner].worn
-    ]
-    if target is None:
-        outcome.no_target = sum(len(s.moved) for s in swept.values())
-        _log_no_target(assessment, {owner: len(s.moved) for owner, s in swept.items()})
+    swept = await moves.sweep_group(redis, assessment, dry_run=dry_run)
+    outcome = _outcome(assessment, swept)
+    _log_held(assessment)
+    _log_no_target(assessment, swept.no_target)
     if dry_run:
-        outcome.dead_lettered = len(worn)
-        if target is not None:
-            outcome.reclaimed = sum(len(s.moved) for s in swept.values())
-        _log_dry_run(assessment, swept, worn)
+        outcome.dead_lettered = len(swept.worn)
+        _log_dry_run(assessment, swept)
         return outcome
     rows: list[queries.EventRow] = []
-    if worn:
-        rows += await _dead_letter(assessment, worn, redis=redis, outcome=outcome)
-    if target is not None:
-        outcome.moved = {owner: s.moved for owner, s in swept.items() if s.moved}
-        outcome.reclaimed = sum(len(ids) for ids in outcome.moved.values())
-        outcome.skipped += sum(s.movable for s in swept.values()) - outcome.reclaimed
-        _log_moves(assessment, outcome)
-        rows += _reclaim_rows(assessment, outcome)
-    await _record(assessment, outcome, rows, engine=engine, tenant=tenant)
-    return outcome
-
-
-def _log_moves(assessment: reclaim.GroupAssessment, outcome: GroupOutcome) -> None:
-    target = assessment.target
-    assert target is not None
-    if outcome.skipped:
+    dead: list[redis_streams.DeadLettered] = []
+    if swept.worn:
+        dead = await _dead_letter(assessment, swept.worn, redis=redis)
+        outcome.dead_lettered = len(dead)
+        outcome.skipped += len(swept.worn) - len(dead)
+        rows += _dead_letter_rows(assessment, swept.worn, dead)
+    if swept.skipped:
         logger.info(
             "[StreamReclaim] Left %d entries on %s/%s: trimmed from the stream or touched since "
             "the scan looked",
-            outcome.skipped,
+            swept.skipped,
             assessment.stream,
             assessment.group,
         )
+    _log_moves(assessment, swept)
+    rows += _reclaim_rows(assessment, swept)
+    await _record(assessment, swept, dead, rows, engine=engine, tenant=tenant)
+    if metrics is not None:
+        _count(assessment, swept, outcome, metrics)
+    return outcome
+
+
+def _count(
+    assessment: reclaim.GroupAssessment,
+    swept: moves.GroupSweep,
+    outcome: GroupOutcome,
+    metrics: Metrics,
+) -> None:
+    stream, group = assessment.stream, assessment.group
+    agents = {t.consumer: t.agent for t in assessment.targets}
+    for (owner, target), ids in swept.moved.items():
+        rule = assessment.rules[owner]
+        metrics.reclaimed.labels(
+            stream,
+            group,
+            rule.agent or UNKNOWN_AGENT,
+            agents.get(target) or UNKNOWN_AGENT,
+            rule.reason,
+        ).inc(len(ids))
+    if outcome.dead_lettered:
+        metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
+    if outcome.no_target:
+        metrics.no_target.labels(stream, group).inc(outcome.no_target)
+
+
+def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> GroupOutcome:
+    outcome = GroupOutcome(assessment.stream, assessment.group)
+    for (owner, target), ids in swept.moved.items():
+        outcome.targets[target] = outcome.targets.get(target, 0) + len(ids)
+        outcome.by_reason[assessment.rules[owner].reason] += len(ids)
+    outcome.reclaimed = swept.reclaimed
+    outcome.no_target = sum(swept.no_target.values())
+    outcome.degraded_held = sum(assessment.held.values())
+    outcome.skipped = swept.skipped
+    return outcome
+
+
+def _log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
     stream, group = assessment.stream, assessment.group
-    for owner, ids in outcome.moved.items():
-        from_agent = assessment.down[owner].agent
+    agents = {t.consumer: t.agent for t in assessment.targets}
+    for (owner, target), ids in swept.moved.items():
+        rule = assessment.rules[owner]
         for entry_id in ids:
             logger.info(
                 "[StreamReclaim] Reclaimed %s on %s: %s -> %s",
                 entry_id,
                 stream,
                 owner,
-                target.consumer,
+                target,
                 extra={
                     "entryId": entry_id,
                     "stream": stream,
                     "group": group,
                     "fromConsumer": owner,
-                    "toConsumer": target.consumer,
-                    "fromAgent": from_agent,
-                    "toAgent": target.agent,
+                    "toConsumer": target,
+                    "fromAgent": rule.agent,
+                    "toAgent": agents.get(target),
+                    "reason": rule.reason,
                 },
             )
 
 
 def _reclaim_rows(
-    assessment: reclaim.GroupAssessment, outcome: GroupOutcome
+    assessment: reclaim.GroupAssessment, swept: moves.GroupSweep
 ) -> list[queries.EventRow]:
     """One RECLAIMED row per batch of up to a sweep page, the batch's ids in `entry_ids`.
 
     A row per entry would make PostgreSQL, not Redis, the limit of a large reclaim.
     """
-    target = assessment.target
-    assert target is not None
+    agents = {t.consumer: t.agent for t in assessment.targets}
     rows: list[queries.EventRow] = []
     page = redis_streams.SWEEP_PAGE
-    for owner, ids in outcome.moved.items():
-        verdict = assessment.down[owner]
-        last_beat = verdict.last_heartbeat_at
+    for (owner, target), ids in swept.moved.items():
+        rule = assessment.rules[owner]
+        last_beat = rule.last_heartbeat_at
         for start in range(0, len(ids), page):
             batch = ids[start : start + page]
             detail = {
-                "toConsumer": target.consumer,
-                "toAgent": target.agent,
-                "reasons": [reason.value for reason in verdict.reasons],
+                "toConsumer": target,
+                "toAgent": agents.get(target),
+                "reason": rule.reason,
+                "reasons": [reason.value for reason in rule.down_reasons],
                 "lastHeartbeatAt": last_beat.isoformat() if last_beat else None,
                 "count": len(batch),
             }
             rows.append(
                 queries.EventRow(
                     "RECLAIMED",
-                    agent_id=verdict.agent,
+                    agent_id=rule.agent,
                     consumer=owner,
                     stream=assessment.stream,
                     group_name=assessment.group,
@@ -293,23 +250,14 @@ def _reclaim_rows(
 
 
 async def _dead_letter(
-    assessment: reclaim.GroupAssessment,
-    worn: list[PendingEntry],
-    *,
-    redis: Redis,
-    outcome: GroupOutcome,
-) -> list[queries.EventRow]:
+    assessment: reclaim.GroupAssessment, worn: list[PendingEntry], *, redis: Redis
+) -> list[redis_streams.DeadLettered]:
     stream, group = assessment.stream, assessment.group
     done = await redis_streams.dead_letter(
         redis, stream=stream, group=group, entries=worn, reason=DEAD_LETTER_REASON
     )
-    outcome.dead = done
-    outcome.dead_lettered = len(done)
-    outcome.skipped += len(worn) - len(done)
     owners = {entry.id: entry.consumer for entry in worn}
-    rows: list[queries.EventRow] = []
     for item in done:
-        consumer = owners[item.entry_id]
         logger.info(
             "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
             item.entry_id,
@@ -319,24 +267,36 @@ async def _dead_letter(
                 "entryId": item.entry_id,
                 "stream": stream,
                 "group": group,
-                "consumer": consumer,
+                "consumer": owners[item.entry_id],
                 "deliveries": item.deliveries,
                 "dlqId": item.dlq_id,
             },
         )
+    return done
+
+
+def _dead_letter_rows(
+    assessment: reclaim.GroupAssessment,
+    worn: list[PendingEntry],
+    done: list[redis_streams.DeadLettered],
+) -> list[queries.EventRow]:
+    owners = {entry.id: entry.consumer for entry in worn}
+    rows: list[queries.EventRow] = []
+    for item in done:
+        consumer = owners[item.entry_id]
         detail = {
             "deliveries": item.deliveries,
             "reason": DEAD_LETTER_REASON,
-            "dlqStream": redis_streams.dlq_key(stream),
+            "dlqStream": redis_streams.dlq_key(assessment.stream),
             "dlqId": item.dlq_id,
         }
         rows.append(
             queries.EventRow(
                 "DEAD_LETTERED",
-                agent_id=assessment.down[consumer].agent,
+                agent_id=assessment.rules[consumer].agent,
                 consumer=consumer,
-                stream=stream,
-                group_name=group,
+                stream=assessment.stream,
+                group_name=assessment.group,
                 entry_id=item.entry_id,
                 issue_id=item.issue_id,
                 detail=json.dumps(detail),
@@ -347,7 +307,8 @@ async def _dead_letter(
 
 async def _record(
     assessment: reclaim.GroupAssessment,
-    outcome: GroupOutcome,
+    swept: moves.GroupSweep,
+    dead: list[redis_streams.DeadLettered],
     rows: list[queries.EventRow],
     *,
     engine: AsyncEngine,
@@ -356,37 +317,38 @@ async def _record(
     """The event log, and the assignment rows: moved entries get a new attempt (fencing the old
     owner off), dead letters are marked dead."""
     await queries.append_events(engine, tenant=tenant, rows=rows)
-    target = assessment.target
-    moved = [entry_id for ids in outcome.moved.values() for entry_id in ids]
-    if moved and target is not None:
+    by_target: dict[ConsumerName, list[str]] = {}
+    for (_, target), ids in swept.moved.items():
+        by_target.setdefault(target, []).extend(ids)
+    for target, moved in by_target.items():
         await work.reclaimed(
-            engine,
-            tenant=tenant,
-            stream=assessment.stream,
-            consumer=target.consumer,
-            entry_ids=moved,
+            engine, tenant=tenant, stream=assessment.stream, consumer=target, entry_ids=moved
         )
-    dead = [(d.entry_id, d.issue_id, d.deliveries) for d in outcome.dead]
-    await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=dead)
+    entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
+    await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=entries)
 
 
-def _count(assessment: reclaim.GroupAssessment, outcome: GroupOutcome, metrics: Metrics) -> None:
-    stream, group = assessment.stream, assessment.group
-    target = assessment.target
-    to_agent = (target.agent if target else None) or UNKNOWN_AGENT
-    for owner, ids in outcome.moved.items():
-        from_agent = assessment.down[owner].agent or UNKNOWN_AGENT
-        metrics.reclaimed.labels(stream, group, from_agent, to_agent).inc(len(ids))
-    if outcome.dead_lettered:
-        metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
-    if outcome.no_target:
-        metrics.no_target.labels(stream, group).inc(outcome.no_target)
+def _log_held(assessment: reclaim.GroupAssessment) -> None:
+    for consumer, count in assessment.held.items():
+        logger.warning(
+            "[StreamReclaim] %s in group %s of %s has been degraded past the grace period, but "
+            "no non-degraded consumer can take its %d entries; left in place",
+            consumer,
+            assessment.group,
+            assessment.stream,
+            count,
+            extra={
+                "stream": assessment.stream,
+                "group": assessment.group,
+                "fromConsumer": consumer,
+                "entries": count,
+                "reason": "degraded",
+            },
+        )
 
 
 def _log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerName, int]) -> None:
     for consumer, count in held.items():
-        if not count:
-            continue
         logger.warning(
             "[StreamReclaim] No live consumer in group %s of %s to take %d entries of %s; "
             "left in place",
@@ -399,33 +361,33 @@ def _log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerNa
                 "group": assessment.group,
                 "fromConsumer": consumer,
                 "entries": count,
+                "reason": assessment.rules[consumer].reason,
             },
         )
 
 
-def _log_dry_run(
-    assessment: reclaim.GroupAssessment,
-    swept: Mapping[ConsumerName, redis_streams.Swept],
-    worn: list[PendingEntry],
-) -> None:
+def _log_dry_run(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
     stream = assessment.stream
-    for entry in worn:
+    for entry in swept.worn:
         logger.info(
             "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
             entry.id,
             stream,
             entry.deliveries,
         )
-    if assessment.target is None or not logger.isEnabledFor(logging.INFO):
+    if not logger.isEnabledFor(logging.INFO):
         return
-    for owner, result in swept.items():
-        for entry_id in result.moved:
+    for (owner, target), ids in swept.moved.items():
+        reason = assessment.rules[owner].reason
+        for entry_id in ids:
             logger.info(
-                "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s",
+                "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s (%s)",
                 entry_id,
                 stream,
                 owner,
-                assessment.target.consumer,
+                target,
+                reason,
+                extra={"reason": reason},
             )
 
 

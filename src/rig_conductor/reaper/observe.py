@@ -1,7 +1,6 @@
 """What a scan reports besides its moves: metrics gauges and the detector's sightings.
 
-Runs after the plan is applied, from the same facts the scan fetched, plus one pipelined
-XPENDING per group for the oldest entry's idle time.
+Runs after the plan is applied, from the same facts the scan fetched.
 """
 
 from __future__ import annotations
@@ -9,10 +8,8 @@ from __future__ import annotations
 import json
 import logging
 
-from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import GroupInfo
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
@@ -39,7 +36,6 @@ async def observe(
     *,
     groups: list[GroupInfo],
     fleet: Fleet,
-    redis: Redis,
     engine: AsyncEngine,
     tenant: str,
     metrics: Metrics | None,
@@ -50,7 +46,7 @@ async def observe(
     if watch is not None:
         await _announce(watch.update(sightings), engine=engine, tenant=tenant)
     if metrics is not None:
-        await _refresh_gauges(groups, fleet, sightings, redis=redis, metrics=metrics)
+        _refresh_gauges(groups, fleet, sightings, metrics=metrics)
     return len(sightings)
 
 
@@ -86,18 +82,13 @@ async def _announce(new: list[detector.Sighting], *, engine: AsyncEngine, tenant
     await queries.append_events(engine, tenant=tenant, rows=rows)
 
 
-async def _refresh_gauges(
+def _refresh_gauges(
     groups: list[GroupInfo],
     fleet: Fleet,
     sightings: list[detector.Sighting],
     *,
-    redis: Redis,
     metrics: Metrics,
 ) -> None:
-    busy = [g for g in groups if g.pending]
-    oldest = await redis_streams.oldest_pending_idle(
-        redis, groups=[(g.stream, g.name) for g in busy]
-    )
     metrics.replace(
         metrics.pending,
         {
@@ -109,9 +100,9 @@ async def _refresh_gauges(
     metrics.replace(
         metrics.oldest_idle,
         {
-            (g.stream, g.name): idle / 1000
-            for g, idle in zip(busy, oldest, strict=True)
-            if idle is not None
+            (g.stream, g.name): g.oldest_idle_ms / 1000
+            for g in groups
+            if g.oldest_idle_ms is not None
         },
     )
     flagged: dict[tuple[str, ...], float] = {(g.stream, g.name): 0 for g in groups}

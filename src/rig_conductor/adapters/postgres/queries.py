@@ -56,6 +56,10 @@ class AgentRow:
 # A batch of heartbeats in one statement, so a batch costs one round trip: every heartbeat into
 # the event log, and the latest state per agent and per consumer upserted (the last heartbeat of
 # a key in the batch wins; keys are locked in order, so concurrent batches cannot deadlock).
+# `degraded_since` follows the degraded run (rule 3b): it keeps its start while every heartbeat
+# since was degraded, restarts at now() when the run broke (also within this batch), and is
+# NULL when the latest heartbeat is healthy. An agent's run counts only heartbeats that name no
+# consumer: a consumer's own heartbeats decide for that consumer alone.
 # Constant text whatever the batch size, so the driver prepares it once.
 _HEARTBEATS_SQL = """
 WITH batch AS (
@@ -67,22 +71,48 @@ WITH batch AS (
     SELECT %(tenant)s, now(), 'HEARTBEAT', agent_id, consumer,
            jsonb_build_object('degraded', degraded, 'degradedReasons', reasons)
       FROM batch ORDER BY ord
+), latest_agent AS (
+    SELECT DISTINCT ON (agent_id) agent_id, degraded, reasons,
+           bool_or(consumer IS NULL) OVER w AS anonymous,
+           bool_and(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_all_degraded,
+           array_agg(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_runs
+      FROM batch
+    WINDOW w AS (PARTITION BY agent_id ORDER BY ord
+                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
+     ORDER BY agent_id, ord DESC
 ), agents AS (
     INSERT INTO agent_heartbeats AS a (tenant, agent_id, last_heartbeat_at, degraded,
-                                       degraded_reasons)
-    SELECT DISTINCT ON (agent_id) %(tenant)s, agent_id, now(), degraded, reasons
-      FROM batch ORDER BY agent_id, ord DESC
+                                       degraded_reasons, degraded_since)
+    SELECT %(tenant)s, agent_id, now(), degraded, reasons,
+           CASE WHEN anonymous_runs[array_upper(anonymous_runs, 1)] THEN now() END
+      FROM latest_agent ORDER BY agent_id
     ON CONFLICT (tenant, agent_id) DO UPDATE
        SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, degraded = EXCLUDED.degraded,
-           degraded_reasons = EXCLUDED.degraded_reasons
+           degraded_reasons = EXCLUDED.degraded_reasons,
+           degraded_since = CASE
+               WHEN NOT (SELECT anonymous FROM latest_agent l WHERE l.agent_id = a.agent_id)
+                   THEN a.degraded_since
+               WHEN (SELECT anonymous_all_degraded FROM latest_agent l
+                      WHERE l.agent_id = a.agent_id)
+                   THEN COALESCE(a.degraded_since, now())
+               ELSE EXCLUDED.degraded_since END
+), latest_consumer AS (
+    SELECT DISTINCT ON (consumer) consumer, agent_id, degraded, reasons,
+           bool_and(degraded) OVER (PARTITION BY consumer) AS all_degraded
+      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
 ), consumers AS (
     INSERT INTO consumer_heartbeats AS c (tenant, consumer, agent_id, last_heartbeat_at,
-                                          degraded, degraded_reasons)
-    SELECT DISTINCT ON (consumer) %(tenant)s, consumer, agent_id, now(), degraded, reasons
-      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
+                                          degraded, degraded_reasons, degraded_since)
+    SELECT %(tenant)s, consumer, agent_id, now(), degraded, reasons,
+           CASE WHEN degraded THEN now() END
+      FROM latest_consumer ORDER BY consumer
     ON CONFLICT (tenant, consumer) DO UPDATE
        SET agent_id = EXCLUDED.agent_id, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
-           degraded = EXCLUDED.degraded, degraded_reasons = EXCLUDED.degraded_reasons
+           degraded = EXCLUDED.degraded, degraded_reasons = EXCLUDED.degraded_reasons,
+           degraded_since = CASE
+               WHEN (SELECT all_degraded FROM latest_consumer l WHERE l.consumer = c.consumer)
+                   THEN COALESCE(c.degraded_since, now())
+               ELSE EXCLUDED.degraded_since END
 )
 SELECT now()
 """
@@ -137,17 +167,19 @@ async def load_evidence(
                 agent_heartbeats.c.agent_id,
                 agent_heartbeats.c.last_heartbeat_at,
                 agent_heartbeats.c.degraded,
+                agent_heartbeats.c.degraded_since,
             ).where(agent_heartbeats.c.tenant == tenant)
         )
-        agents = {AgentId(a): Heartbeat(at, degraded) for a, at, degraded in agent_rows}
+        agents = {AgentId(a): Heartbeat(*beat) for a, *beat in agent_rows}
         consumer_rows = await conn.execute(
             select(
                 consumer_heartbeats.c.consumer,
                 consumer_heartbeats.c.last_heartbeat_at,
                 consumer_heartbeats.c.degraded,
+                consumer_heartbeats.c.degraded_since,
             ).where(consumer_heartbeats.c.tenant == tenant)
         )
-        consumers = {ConsumerName(c): Heartbeat(at, degraded) for c, at, degraded in consumer_rows}
+        consumers = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
     return Evidence(
         now=now,
         known_agents=agent_policy.known_agents(configured_agents, agents),

@@ -32,6 +32,7 @@ agent_heartbeats = Table(
     Column("degraded", Boolean, nullable=False, server_default=text("false")),
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("degraded_since", DateTime(timezone=True)),
 )
 
 consumer_heartbeats = Table(
@@ -44,6 +45,7 @@ consumer_heartbeats = Table(
     Column("degraded", Boolean, nullable=False, server_default=text("false")),
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("degraded_since", DateTime(timezone=True)),
 )
 
 # Append-only: every heartbeat, dispatch, reclaim and dead letter. The audit reads it.
@@ -98,6 +100,8 @@ assignments = Table(
     Column("consumer", Text),
     Column("attempt", Integer, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The current attempt's last sign of progress (reaper rule 4b).
+    Column("progress_at", DateTime(timezone=True)),
     CheckConstraint(
         "state IN ('pending', 'running', 'done', 'failed', 'dead')", name="ck_assignments_state"
     ),

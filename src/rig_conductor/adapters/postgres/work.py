@@ -4,7 +4,7 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from sqlalchemy import func, select, text
@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events
-from rig_conductor.domain import EntryId
+from rig_conductor.domain import EntryId, Progress, StreamKey
 
 
 async def record_dispatch(
@@ -63,9 +63,9 @@ async def record_dispatch(
 
 @dataclass(frozen=True, slots=True)
 class WorkReport:
-    """A WORK_STARTED / WORK_COMPLETED / WORK_FAILED event as an agent sent it."""
+    """A WORK_STARTED / WORK_PROGRESS / WORK_COMPLETED / WORK_FAILED event as an agent sent it."""
 
-    kind: Literal["WORK_STARTED", "WORK_COMPLETED", "WORK_FAILED"]
+    kind: Literal["WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"]
     agent_id: str
     stream: str
     entry_id: str
@@ -84,15 +84,17 @@ class WorkOutcome:
 
 _START = text(
     """
-    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt)
-    VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer, 1)
+    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt,
+                                  progress_at)
+    VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer, 1, now())
     ON CONFLICT (tenant, stream, entry_id) DO UPDATE
        -- A reclaim reserved attempt n for its target (state 'pending'): the target's start takes
        -- it rather than skipping a number; any other start opens the next attempt.
        SET attempt = CASE WHEN a.state = 'pending' AND a.consumer = EXCLUDED.consumer
                           THEN a.attempt ELSE a.attempt + 1 END,
            state = 'running', consumer = EXCLUDED.consumer,
-           issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
+           issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now(),
+           progress_at = now()
      WHERE a.state NOT IN ('done', 'dead')
        AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
     RETURNING attempt, state
@@ -109,6 +111,23 @@ _FINISH = text(
            issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
      WHERE a.state <> 'dead'
        AND (a.state <> 'done' OR EXCLUDED.state = 'done')
+       AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
+    RETURNING attempt, state
+    """
+)
+
+
+# Progress restarts the current attempt's deadline (rule 4b); it changes nothing else. An entry
+# with no row yet (progress before any start reached us) gets one for the attempt claimed.
+_PROGRESS = text(
+    """
+    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt,
+                                  progress_at)
+    VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer,
+            COALESCE(CAST(:claimed AS integer), 1), now())
+    ON CONFLICT (tenant, stream, entry_id) DO UPDATE
+       SET progress_at = now(), updated_at = now()
+     WHERE a.state NOT IN ('done', 'dead')
        AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
     RETURNING attempt, state
     """
@@ -133,6 +152,8 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
     async with engine.begin() as conn:
         if report.kind == "WORK_STARTED":
             row = (await conn.execute(_START, params)).first()
+        elif report.kind == "WORK_PROGRESS":
+            row = (await conn.execute(_PROGRESS, params)).first()
         else:
             state = "done" if report.kind == "WORK_COMPLETED" else "failed"
             row = (await conn.execute(_FINISH, {**params, "state": state})).first()
@@ -171,20 +192,64 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
     return outcome
 
 
-async def worn_attempts(
-    engine: AsyncEngine, *, tenant: str, stream: str, at_least: int
-) -> dict[EntryId, int]:
-    """Entries of `stream` not yet finished whose recorded attempts reached `at_least`."""
+@dataclass(frozen=True, slots=True)
+class WorkEvidence:
+    """What the assignment rows tell a scan, per stream: entries whose recorded attempts reached
+    RIG_MAX_DELIVERIES (`worn`), and rule 4b's progress evidence."""
+
+    worn: dict[StreamKey, dict[EntryId, int]] = field(default_factory=dict)
+    progress: dict[StreamKey, Progress] = field(default_factory=dict)
+
+
+# Unfinished entries of the scanned streams that are worn out, or whose current attempt has a
+# progress time (WORK_STARTED, WORK_PROGRESS, or the reclaim that reserved it): one query.
+_WORK_EVIDENCE = text(
+    """
+    SELECT stream, entry_id, attempt, progress_at > now() - make_interval(secs => :deadline_s)
+      FROM assignments
+     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
+       AND state NOT IN ('done', 'dead')
+       AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
+    """
+)
+
+
+async def load_work_evidence(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    streams: Sequence[str],
+    worn_at: int,
+    deadline_ms: int,
+) -> WorkEvidence:
+    """Worn attempts and progress of unfinished entries of `streams`, in one query.
+
+    `deadline_ms` 0 turns rule 4b off: no progress is loaded.
+    """
+    if not streams:
+        return WorkEvidence()
+    params = {
+        "tenant": tenant,
+        "streams": list(streams),
+        "worn_at": worn_at,
+        "deadline_s": deadline_ms / 1000,
+    }
+    worn: dict[StreamKey, dict[EntryId, int]] = {}
+    fresh: dict[StreamKey, set[EntryId]] = {}
+    stale: dict[StreamKey, set[EntryId]] = {}
     async with engine.connect() as conn:
-        rows = await conn.execute(
-            select(assignments.c.entry_id, assignments.c.attempt).where(
-                assignments.c.tenant == tenant,
-                assignments.c.stream == stream,
-                assignments.c.attempt >= at_least,
-                assignments.c.state.notin_(("done", "dead")),
-            )
-        )
-        return {EntryId(entry_id): attempt for entry_id, attempt in rows}
+        rows = await conn.execute(_WORK_EVIDENCE, params)
+        for stream, entry_id, attempt, progressed in rows:
+            key, entry = StreamKey(stream), EntryId(entry_id)
+            if attempt >= worn_at:
+                worn.setdefault(key, {})[entry] = attempt
+            if deadline_ms > 0 and progressed is not None:
+                (fresh if progressed else stale).setdefault(key, set()).add(entry)
+    progress = {
+        key: Progress(frozenset(fresh.get(key, ())), frozenset(stale.get(key, ())))
+        for key in fresh.keys() | stale.keys()
+    }
+    return WorkEvidence(worn, progress)
 
 
 async def reclaimed(
@@ -198,7 +263,7 @@ async def reclaimed(
     statement = text(
         """
         UPDATE assignments SET attempt = attempt + 1, state = 'pending', consumer = :consumer,
-               updated_at = now()
+               updated_at = now(), progress_at = now()
          WHERE tenant = :tenant AND stream = :stream
            AND entry_id = ANY(string_to_array(:ids, ','))
            AND state NOT IN ('done', 'dead')

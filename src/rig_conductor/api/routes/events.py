@@ -122,7 +122,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             error=event.error,
         ),
     )
-    if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_COMPLETED"):
+    if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED"):
         logger.warning(
             "Fenced %s of %s on %s from %s: attempt %s, current attempt %d (%s)",
             event.type,
