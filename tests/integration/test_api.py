@@ -378,6 +378,14 @@ async def test_work_reports_are_fenced_by_attempt(
         "/api/events", json=work("WORK_STARTED", "dev-e-0", entry, attempt=1)
     )
     assert stale_start.status_code == 409
+    progress = await api.post(
+        "/api/events", json=work("WORK_PROGRESS", "dev-e-1", entry, attempt=2)
+    )
+    assert (progress.status_code, progress.json()["accepted"]) == (202, True)
+    stale_progress = await api.post(
+        "/api/events", json=work("WORK_PROGRESS", "dev-e-0", entry, attempt=1)
+    )
+    assert stale_progress.status_code == 409
     done = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-1", entry, attempt=2))
     assert (done.status_code, done.json()) == (
         202,
@@ -402,6 +410,8 @@ async def test_work_reports_are_fenced_by_attempt(
         ("WORK_STARTED", 2, False),
         ("WORK_COMPLETED", 1, True),
         ("WORK_STARTED", 1, True),
+        ("WORK_PROGRESS", 2, False),
+        ("WORK_PROGRESS", 1, True),
         ("WORK_COMPLETED", 2, False),
         ("WORK_STARTED", None, True),
         ("WORK_FAILED", 1, True),

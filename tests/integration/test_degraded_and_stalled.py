@@ -1,0 +1,173 @@
+"""Rules 3b and 4b against real servers: degraded runs as PostgreSQL records them, and the scan
+moving a degraded owner's entries and a stalled entry, fencing the old attempts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import datetime
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.domain import AgentId, ConsumerName
+from rig_conductor.reaper import cycle
+from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register
+
+S, G = "assignments:review-e", "review"
+CODEX, CLAUDE = "review-e-codex-0", "review-e-0"
+
+
+async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> datetime:
+    """One batch of (agent, consumer, degraded); the receipt time."""
+    return await queries.record_heartbeats(
+        engine,
+        tenant="default",
+        heartbeats=[
+            queries.HeartbeatIn(
+                AgentId(a), ConsumerName(c) if c else None, d, ("quota",) if d else ()
+            )
+            for a, c, d in beats
+        ],
+    )
+
+
+async def since(
+    engine: AsyncEngine,
+) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
+    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=())
+    return (
+        {a: hb.degraded_since for a, hb in evidence.agent_heartbeats.items()},
+        {c: hb.degraded_since for c, hb in evidence.consumer_heartbeats.items()},
+    )
+
+
+async def test_a_degraded_run_keeps_its_start_until_it_breaks(engine: AsyncEngine) -> None:
+    first = await beat(engine, ("review-e-codex", CODEX, True))
+    await beat(engine, ("review-e-codex", CODEX, True))
+    assert (await since(engine))[1][CODEX] == first
+    await beat(engine, ("review-e-codex", CODEX, False))
+    assert (await since(engine))[1][CODEX] is None
+    again = await beat(engine, ("review-e-codex", CODEX, True))
+    assert (await since(engine))[1][CODEX] == again != first
+
+
+async def test_a_flap_within_one_batch_restarts_the_run(engine: AsyncEngine) -> None:
+    await beat(engine, ("review-e-codex", CODEX, True))
+    flapped = await beat(
+        engine,
+        ("review-e-codex", CODEX, True),
+        ("review-e-codex", CODEX, False),
+        ("review-e-codex", CODEX, True),
+    )
+    assert (await since(engine))[1][CODEX] == flapped
+
+
+async def test_only_heartbeats_naming_no_consumer_make_the_agents_run(
+    engine: AsyncEngine,
+) -> None:
+    first = await beat(engine, ("review-e-codex", None, True))
+    # The agent's named consumers come and go healthy: the agent's own run goes on.
+    await beat(engine, ("review-e-codex", CODEX, False))
+    agents, consumers = await since(engine)
+    assert agents["review-e-codex"] == first and consumers[CODEX] is None
+    await beat(engine, ("review-e-codex", None, False))
+    assert (await since(engine))[0]["review-e-codex"] is None
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings(
+        streams=(S,),
+        agent_ids=("review-e", "review-e-codex"),
+        degraded_grace_ms=300,
+        entry_deadline_ms=400,
+        agent_down_ms=60_000,
+    )
+
+
+async def test_a_degraded_owner_loses_its_entries_to_healthy_consumers(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    ids = await fill(redis, S, G, 6)
+    await read(redis, S, G, CODEX, 6)
+    await register(redis, S, G, CLAUDE)
+    await register(redis, S, G, "review-e-1")
+    await beat(engine, ("review-e-codex", CODEX, True), ("review-e", CLAUDE, False))
+    await beat(engine, ("review-e", "review-e-1", False))
+    started = await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport("WORK_STARTED", "review-e-codex", S, ids[0], CODEX),
+    )
+    # Within the grace period nothing moves, however the entries' idle times stand.
+    assert (await cycle.reap_once(redis=redis, engine=engine, settings=settings)).reclaimed == 0
+    await asyncio.sleep(0.35)
+    await beat(engine, ("review-e-codex", CODEX, True))  # still degraded, still alive
+    await redis.xclaim(S, G, CODEX, 0, ids, justid=True)  # and retrying: idle back to zero
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 6 and report.by_reason == {"degraded": 6}
+    assert sorted((await owners(redis, S, G)).values()) == [CLAUDE] * 3 + ["review-e-1"] * 3
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).all()
+    assert {row.detail["reason"] for row in rows} == {"degraded"}
+    # The move reserved a new attempt: the degraded owner's late success is fenced.
+    late = await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport(
+            "WORK_COMPLETED", "review-e-codex", S, ids[0], CODEX, attempt=started.attempt
+        ),
+    )
+    assert not late.accepted
+
+
+async def test_no_healthy_target_holds_the_entries(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    await fill(redis, S, G, 3)
+    await read(redis, S, G, CODEX, 3)
+    await register(redis, S, G, CLAUDE)
+    await beat(engine, ("review-e-codex", CODEX, True), ("review-e", CLAUDE, True))
+    await asyncio.sleep(0.35)
+    await beat(engine, ("review-e-codex", CODEX, True))
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.reclaimed, report.degraded_held, report.no_target) == (0, 3, 0)
+    assert set((await owners(redis, S, G)).values()) == {CODEX}
+
+
+async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    ids = await fill(redis, S, G, 3)
+    await read(redis, S, G, CLAUDE, 3)
+    await register(redis, S, G, "review-e-1")
+    await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
+    hung = await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport("WORK_STARTED", "review-e", S, ids[0], CLAUDE),
+    )
+    busy = await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport("WORK_STARTED", "review-e", S, ids[1], CLAUDE),
+    )
+    await asyncio.sleep(0.45)
+    # ids[1] keeps reporting progress; ids[2] was re-read just now (never named: idle decides).
+    progress = work.WorkReport("WORK_PROGRESS", "review-e", S, ids[1], CLAUDE, attempt=busy.attempt)
+    assert (await work.record_work(engine, tenant="default", report=progress)).accepted
+    await redis.xclaim(S, G, CLAUDE, 0, [ids[2]], justid=True)
+    await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.by_reason == {"stalled": 1}
+    assert await owners(redis, S, G) == {ids[0]: "review-e-1", ids[1]: CLAUDE, ids[2]: CLAUDE}
+    for kind in ("WORK_PROGRESS", "WORK_COMPLETED"):
+        fenced = work.WorkReport(kind, "review-e", S, ids[0], CLAUDE, attempt=hung.attempt)
+        assert not (await work.record_work(engine, tenant="default", report=fenced)).accepted
