@@ -25,7 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.agent import Entry, run_agent, staging
 from rig_conductor.agent.conductor import ConductorClient
-from rig_conductor.agent.runtime import Agent, lease_key
+from rig_conductor.agent.lease import lease_key
+from rig_conductor.agent.runtime import Agent
 from rig_conductor.agent.settings import AgentSettings
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings

@@ -16,7 +16,7 @@ from rig_conductor.agent.conductor import (
     ConductorClient,
     ConductorRejected,
     ConductorUnavailable,
-    Fenced,
+    FencedAnswer,
 )
 
 Reply = Callable[[httpx.Request], httpx.Response]
@@ -84,7 +84,7 @@ async def test_a_409_is_a_fence_not_an_error() -> None:
     api = client(answer(409, body))
     fenced = await api.work_completed(stream="s", entry_id="1-0", issue_id=None, attempt=1)
     await api.aclose()
-    assert fenced == Fenced(2, "done", "fenced: the entry is already done") and fenced.done
+    assert fenced == FencedAnswer(2, "done", "fenced: the entry is already done") and fenced.done
 
 
 async def test_503_is_retried_after_the_time_it_asks_for(no_waiting: list[float]) -> None:

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from rig_conductor.agent.runtime import consumer_name, lease_key, triage
+from rig_conductor.agent.entry import consumer_name, triage
+from rig_conductor.agent.lease import lease_key
 
 
 @pytest.mark.parametrize(

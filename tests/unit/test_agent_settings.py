@@ -30,6 +30,7 @@ def test_defaults_are_the_contract() -> None:
         "RIG_HEARTBEAT_INTERVAL_S": 10.0,
         "RIG_SCAN_INTERVAL_S": 60.0,
         "RIG_MAX_DELIVERIES": 5,
+        "RIG_ENTRY_DEADLINE_MS": 3_600_000,
         "RIG_DISPATCH_STREAM": "rig:dispatch",
         "RIG_LOG_FORMAT": "text",
     }

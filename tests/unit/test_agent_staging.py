@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rig_conductor.agent import staging
-from rig_conductor.agent.runtime import Entry
+from rig_conductor.agent.entry import Entry
 from rig_conductor.agent.staging import Committed, StagedFile, Staging
 
 

@@ -100,7 +100,7 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
     from redis.exceptions import RedisError
 
     from rig_conductor import logs
-    from rig_conductor.agent import runtime
+    from rig_conductor.agent import lease, process
     from rig_conductor.agent.settings import load_agent_settings
     from rig_conductor.settings import SettingsError
 
@@ -127,7 +127,7 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
     )
     try:
         asyncio.run(
-            runtime.run_agent(
+            process.run_agent(
                 handler,
                 agent_id=args.agent_id,
                 group=args.group,
@@ -137,10 +137,10 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
                 handle_signals=True,
             )
         )
-    except runtime.ConsumerInUse as exc:
+    except lease.ConsumerInUse as exc:
         logger.error("Refusing to start: %s", exc)
         return EXIT_USAGE
-    except runtime.AgentError as exc:
+    except lease.AgentError as exc:
         logger.error("%s", exc)
         return EXIT_FAILED
     except RedisError as exc:

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -42,7 +43,7 @@ class Accepted:
 
 
 @dataclass(frozen=True, slots=True)
-class Fenced:
+class FencedAnswer:
     """A 409: the entry is already `done`, or a newer attempt (`attempt`) owns it."""
 
     attempt: int
@@ -77,13 +78,16 @@ class ConductorClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def heartbeat(self) -> None:
+    async def heartbeat(self, *, degraded: bool = False, reasons: Sequence[str] = ()) -> None:
         """One try: the next heartbeat is the retry."""
-        await self._post({"type": "HEARTBEAT", "consumer": self.consumer}, tries=1)
+        body: dict[str, Any] = {"type": "HEARTBEAT", "consumer": self.consumer}
+        if degraded:
+            body |= {"degraded": True, "degradedReasons": list(reasons)}
+        await self._post(body, tries=1)
 
     async def work_started(
         self, *, stream: str, entry_id: str, issue_id: str | None, tries: int = 3
-    ) -> Accepted | Fenced:
+    ) -> Accepted | FencedAnswer:
         body = self._work("WORK_STARTED", stream, entry_id, issue_id)
         answer = await self._post(body, tries=tries)
         return _fenced(answer) or Accepted(int(answer.json()["attempt"]), "running")
@@ -96,7 +100,7 @@ class ConductorClient:
         issue_id: str | None,
         attempt: int,
         until: asyncio.Event | None = None,
-    ) -> Accepted | Fenced:
+    ) -> Accepted | FencedAnswer:
         """Retries until the conductor answers, or until `until` is set (then one last try)."""
         body = self._work("WORK_COMPLETED", stream, entry_id, issue_id, attempt=attempt)
         answer = await self._post(body, tries=None, until=until)
@@ -105,6 +109,13 @@ class ConductorClient:
             return fenced
         data = answer.json()
         return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+
+    async def work_progress(
+        self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int
+    ) -> Accepted | FencedAnswer:
+        body = self._work("WORK_PROGRESS", stream, entry_id, issue_id, attempt=attempt)
+        answer = await self._post(body, tries=2)
+        return _fenced(answer) or Accepted(attempt, "running")
 
     async def work_failed(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int, error: str
@@ -167,11 +178,11 @@ async def pause(seconds: float, until: asyncio.Event | None = None) -> None:
         await asyncio.wait_for(until.wait(), seconds)
 
 
-def _fenced(answer: httpx.Response) -> Fenced | None:
+def _fenced(answer: httpx.Response) -> FencedAnswer | None:
     if answer.status_code != 409:
         return None
     data = answer.json()
-    return Fenced(int(data["attempt"]), str(data["state"]), str(data.get("detail", "")))
+    return FencedAnswer(int(data["attempt"]), str(data["state"]), str(data.get("detail", "")))
 
 
 def _detail(answer: httpx.Response) -> str:

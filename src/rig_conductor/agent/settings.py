@@ -25,6 +25,8 @@ class AgentSettings(RigSettings):
     # How often the agent re-reads its own pending list (where reclaimed entries land).
     scan_interval_s: float = Field(default=60.0, gt=0)
     max_deliveries: int = Field(default=5, ge=1)
+    # A handler with no progress for this long is abandoned (reaper rule 4b); 0 turns it off.
+    entry_deadline_ms: int = Field(default=3_600_000, ge=0)
     dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
 
     @field_validator("conductor_url")

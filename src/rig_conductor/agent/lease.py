@@ -1,0 +1,109 @@
+"""The consumer-name lease: a Redis key that says "this consumer name is in use".
+
+Two processes reading with one consumer name would share one pending list, so an agent takes
+the name's lease before it reads and renews it with its heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+
+class AgentError(Exception):
+    """The agent cannot start or has to stop; the message is one line for the operator."""
+
+
+class ConsumerInUse(AgentError):
+    """Another live process reads with the same consumer name."""
+
+
+class LeaseLost(AgentError):
+    """Another process took the consumer name over while this one ran."""
+
+
+# Renew the lease only while this instance holds it; take it again if it expired meanwhile.
+_RENEW_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not holder and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
+"""
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def lease_key(stream: str, group: str, consumer: str) -> str:
+    return f"rig:consumer:{stream}:{group}:{consumer}"
+
+
+class ConsumerLease:
+    """A Redis key that says "this consumer name is in use", kept alive with the heartbeats."""
+
+    def __init__(self, client: Redis, *, key: str, ttl_ms: int, poll_s: float = 0.1) -> None:
+        self.key = key
+        self.instance = uuid.uuid4().hex
+        self._client = client
+        self._ttl_ms = ttl_ms
+        self._poll_s = poll_s
+
+    async def acquire(self, until: asyncio.Event | None = None) -> bool:
+        """Take the name. A holder whose key expires was a dead predecessor (a restarted pod);
+        a holder that renews meanwhile is alive, and this process must not start.
+
+        False when `until` was set while waiting.
+        """
+        first: str | None = None
+        last_ttl: int | None = None
+        deadline: float | None = None
+        while until is None or not until.is_set():
+            if await self._client.set(self.key, self.instance, nx=True, px=self._ttl_ms):
+                return True
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.get(self.key)
+                pipe.pttl(self.key)
+                holder, ttl = await pipe.execute()
+            if holder is None:
+                continue
+            if first is None:
+                first, deadline = holder, time.monotonic() + max(ttl, 0) / 1000 + 1.0
+                logger.info(
+                    "Consumer name lease %s is held by instance %s for %d ms more; waiting",
+                    self.key,
+                    holder,
+                    ttl,
+                )
+            renewed = last_ttl is not None and ttl > last_ttl + 50
+            assert deadline is not None
+            if holder != first or renewed or time.monotonic() > deadline:
+                raise ConsumerInUse(
+                    f"consumer name in use by another live process (lease {self.key} renewed "
+                    f"by instance {holder}); give each process its own CONSUMER_ID"
+                )
+            last_ttl = ttl
+            await asyncio.sleep(self._poll_s)
+        return False
+
+    async def renew(self) -> bool:
+        """False when another instance holds the name now."""
+        held = await self._client.eval(_RENEW_LUA, 1, self.key, self.instance, self._ttl_ms)
+        return bool(held)
+
+    async def release(self) -> None:
+        with contextlib.suppress(RedisError):
+            await self._client.eval(_RELEASE_LUA, 1, self.key, self.instance)

@@ -1,0 +1,85 @@
+"""Running an agent as a process: its Redis and conductor clients, and SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.agent.conductor import ConductorClient
+from rig_conductor.agent.entry import Handler, consumer_name
+from rig_conductor.agent.runtime import BLOCK_MS, SHUTDOWN_GRACE_S, Agent
+from rig_conductor.agent.settings import AgentSettings, load_agent_settings
+
+logger = logging.getLogger(__name__)
+
+
+async def run_agent(
+    handler: Handler,
+    *,
+    agent_id: str,
+    group: str,
+    settings: AgentSettings | None = None,
+    stream: str | None = None,
+    start_id: str = "0",
+    consumer: str | None = None,
+    stop: asyncio.Event | None = None,
+    handle_signals: bool = False,
+    shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+    block_ms: int = BLOCK_MS,
+) -> None:
+    """Run an agent until `stop` is set (or SIGTERM/SIGINT with `handle_signals`).
+
+    Raises ConsumerInUse when another live process holds the consumer name, LeaseLost when one
+    takes it over, RedisError when Redis is unreachable at start.
+    """
+    settings = settings or load_agent_settings()
+    name = consumer or consumer_name(agent_id)
+    redis = redis_streams.connect(settings.redis_url)
+    conductor = ConductorClient(
+        base_url=settings.conductor_url, agent_id=agent_id, consumer=name, token=settings.token
+    )
+    agent = Agent(
+        handler,
+        settings=settings,
+        agent_id=agent_id,
+        group=group,
+        stream=stream or settings.dispatch_stream,
+        consumer=name,
+        redis=redis,
+        conductor=conductor,
+        start_id=start_id,
+        stop=stop,
+        shutdown_grace_s=shutdown_grace_s,
+        block_ms=block_ms,
+    )
+    try:
+        with _signals(agent) if handle_signals else contextlib.nullcontext():
+            await agent.run()
+    finally:
+        await conductor.aclose()
+        await redis.aclose()
+
+
+@contextlib.contextmanager
+def _signals(agent: Agent) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+
+    def received(sig: signal.Signals) -> None:
+        if agent.stop.is_set():
+            logger.warning("%s again: abandoning the current entry", sig.name)
+            agent.abandon()
+            return
+        logger.info("%s received: stopping after the current entry", sig.name)
+        agent.stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, received, sig)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,68 @@
+"""Reading one consumer group as one consumer: join it, read pending and new entries one at a
+time, and look up an entry's delivery count. Redis I/O only; what to do with an entry is the
+runtime's business."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+logger = logging.getLogger(__name__)
+
+Read = tuple[str, dict[str, str]]  # (entry id, fields); a deleted entry comes with no fields
+
+
+class GroupReader:
+    def __init__(self, redis: Redis, *, stream: str, group: str, consumer: str) -> None:
+        self._redis = redis
+        self.stream = stream
+        self.group = group
+        self.consumer = consumer
+
+    async def join(self, start_id: str) -> None:
+        """Create the group lazily (BUSYGROUP is fine), then register this consumer, so it is a
+        reclaim target before it has read anything."""
+        try:
+            await self._redis.xgroup_create(self.stream, self.group, id=start_id, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        else:
+            logger.info("Created group %s on %s from %s", self.group, self.stream, start_id)
+        await self._redis.xgroup_createconsumer(self.stream, self.group, self.consumer)
+
+    async def pending_after(self, cursor: str) -> list[Read]:
+        """`XREADGROUP ... <cursor>`: the next of this consumer's own pending entries (where
+        reclaimed ones land). One at a time: a read counts as a delivery."""
+        reply = await self._redis.xreadgroup(
+            self.group, self.consumer, {self.stream: cursor}, count=1
+        )
+        return _entries(reply)
+
+    async def new(self, block_ms: int) -> list[Read]:
+        reply = await self._redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=1, block=block_ms
+        )
+        return _entries(reply)
+
+    async def deliveries(self, entry_id: str) -> int | None:
+        """The entry's delivery count, None when it is no longer pending for this consumer."""
+        rows = await self._redis.xpending_range(
+            self.stream,
+            self.group,
+            min=entry_id,
+            max=entry_id,
+            count=1,
+            consumername=self.consumer,
+            idle=0,
+        )
+        return int(rows[0]["times_delivered"]) if rows else None
+
+
+def _entries(reply: Any) -> list[Read]:
+    return [
+        (entry_id, dict(fields or {})) for _, batch in reply or [] for entry_id, fields in batch
+    ]
