@@ -1,0 +1,76 @@
+"""A real conductor (uvicorn, in-process, on a free port) for the agent runtime's tests, and
+agent settings pointing at it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.agent.settings import AgentSettings
+from rig_conductor.app import create_app
+from rig_conductor.settings import Settings
+
+from ..helpers import free_port, wait_for
+from .harness import AGENT, S
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # leave the test process's signals alone
+        yield
+
+
+@pytest.fixture
+async def conductor(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> AsyncIterator[str]:
+    """A real conductor on a free port; the reaper only runs through /api/reaper/scan."""
+    port = free_port()
+    settings = make_settings(
+        streams=(S,),
+        dispatch_stream=S,
+        agent_ids=(AGENT, "qa-e"),
+        entry_stale_ms=0,
+        max_deliveries=2,
+    )
+    config = uvicorn.Config(
+        create_app(settings, schedule_reaper=False),
+        host="127.0.0.1",
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve())
+    await wait_for(lambda: server.started or serving.done(), within=15)
+    assert not serving.done(), "the conductor did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+@pytest.fixture
+def settings(redis_url: str, conductor: str) -> Callable[..., AgentSettings]:
+    def build(**overrides: Any) -> AgentSettings:
+        values: dict[str, Any] = {
+            "redis_url": redis_url,
+            "conductor_url": conductor,
+            "heartbeat_interval_s": 0.3,
+            "scan_interval_s": 60,
+            "max_deliveries": 2,
+            "dispatch_stream": S,
+        }
+        values.update(overrides)
+        return AgentSettings(**values)
+
+    return build

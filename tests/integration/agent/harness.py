@@ -1,0 +1,126 @@
+"""The in-process agent runtime for the runtime's integration tests, and the lookups they
+share (the conductor and agent settings fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.agent import Entry, run_agent
+from rig_conductor.agent.settings import AgentSettings
+
+S, G = "rig:dispatch", "builders"
+AGENT = "dev-e"
+ME = "dev-e-agent-0"
+
+
+@contextlib.asynccontextmanager
+async def running(
+    handler: Callable[[Entry], Any], settings: AgentSettings, *, consumer: str = ME
+) -> AsyncIterator[asyncio.Task[None]]:
+    """run_agent in a task; stopped (gracefully) and awaited on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        run_agent(
+            handler,
+            agent_id=AGENT,
+            group=G,
+            settings=settings,
+            consumer=consumer,
+            stop=stop,
+            block_ms=100,
+        )
+    )
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def dispatch(conductor: str, issue: str) -> str:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        answer = await api.post(
+            "/api/events",
+            json={"type": "ISSUE_ASSIGNED", "issueId": issue, "agentId": AGENT, "payload": {}},
+        )
+        assert answer.status_code == 201, answer.text
+        entry_id: str = answer.json()["entryId"]
+        return entry_id
+
+
+async def post(conductor: str, **event: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        return await api.post("/api/events", json=event)
+
+
+async def pending(redis: Redis, consumer: str | None = None) -> dict[str, int]:
+    """entry id -> delivery count, for the group's (or one consumer's) pending list."""
+    rows = await redis.xpending_range(S, G, min="-", max="+", count=1000, consumername=consumer)
+    return {row["message_id"]: row["times_delivered"] for row in rows}
+
+
+async def heard_from(conductor: str, consumer: str) -> bool:
+    async with httpx.AsyncClient(base_url=conductor) as api:
+        agents = (await api.get("/api/agents")).json()
+    return any(consumer in agent["consumers"] for agent in agents)
+
+
+async def drained(redis: Redis) -> bool:
+    return await pending(redis) == {}
+
+
+async def assignment(engine: AsyncEngine, entry_id: str) -> tuple[str, int] | None:
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(assignments.c.state, assignments.c.attempt).where(
+                    assignments.c.entry_id == entry_id
+                )
+            )
+        ).first()
+    return (row.state, row.attempt) if row else None
+
+
+async def work_events(
+    engine: AsyncEngine, entry_id: str
+) -> list[tuple[str, int | None, bool, Any]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(events.c.kind, events.c.attempt, events.c.fenced, events.c.detail)
+            .where(events.c.entry_id == entry_id, events.c.kind.like("WORK_%"))
+            .order_by(events.c.id)
+        )
+        return [(r.kind, r.attempt, r.fenced, r.detail) for r in rows]
+
+
+async def group_exists(redis: Redis) -> None:
+    with contextlib.suppress(Exception):
+        await redis.xgroup_create(S, G, id="0", mkstream=True)
+
+
+async def delivered_to_me(conductor: str, redis: Redis, issue: str) -> str:
+    """Dispatch `issue` and read it as this runtime's consumer before the runtime starts: the
+    runtime meets it in its pending list."""
+    entry_id = await dispatch(conductor, issue)
+    await group_exists(redis)
+    await redis.xreadgroup(G, ME, {S: ">"}, count=1)
+    return entry_id
+
+
+def old_owner(entry_id: str) -> dict[str, str]:
+    """The report fields of an earlier owner of `entry_id`, a consumer since gone."""
+    return {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.rglob(".*.tmp"))
