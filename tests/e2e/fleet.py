@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -23,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events
+from tests.audit_conftest import JDBC_JAR, require_pyspark, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 STREAM = "rig:dispatch"
@@ -84,7 +86,16 @@ class Fleet:
     env: dict[str, str] = field(default_factory=dict)
     agents: list[AgentProcess] = field(default_factory=list)
 
-    def start(self, agent_id: str, consumer: str, **env: str) -> AgentProcess:
+    def start(
+        self,
+        agent_id: str,
+        consumer: str,
+        *,
+        stream: str = STREAM,
+        group: str = GROUP,
+        handler: str = HANDLER,
+        **env: str,
+    ) -> AgentProcess:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
         python_path = [p for p in (environment.get("PYTHONPATH"), str(REPO)) if p]
         environment.update(
@@ -100,7 +111,7 @@ class Fleet:
         log = self.workdir / "logs" / f"{consumer}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "rig_conductor", "agent", "--agent-id", agent_id]
-        command += ["--group", GROUP, "--stream", STREAM, "--handler", HANDLER]
+        command += ["--group", group, "--stream", stream, "--handler", handler]
         with log.open("wb") as sink:
             process = subprocess.Popen(
                 command,
@@ -132,6 +143,7 @@ class Fleet:
 class Completion(NamedTuple):
     consumer: str
     attempt: int
+    at: datetime
 
 
 async def dispatch(api: httpx.AsyncClient, issue: str, payload: dict[str, Any]) -> str:
@@ -149,23 +161,29 @@ async def heard_from(api: httpx.AsyncClient, consumer: str) -> bool:
     return any(consumer in agent["consumers"] for agent in agents)
 
 
-async def pending(redis: Redis, consumer: str | None = None) -> dict[str, str]:
+async def pending(
+    redis: Redis, consumer: str | None = None, *, stream: str = STREAM, group: str = GROUP
+) -> dict[str, str]:
     """The group's (or one consumer's) pending list: entry id -> owner."""
     rows = await redis.xpending_range(
-        STREAM, GROUP, min="-", max="+", count=100_000, consumername=consumer
+        stream, group, min="-", max="+", count=100_000, consumername=consumer
     )
     return {row["message_id"]: row["consumer"] for row in rows}
 
 
-async def accepted_completions(engine: AsyncEngine) -> dict[str, list[Completion]]:
+async def accepted_completions(
+    engine: AsyncEngine, *, stream: str = STREAM
+) -> dict[str, list[Completion]]:
     """entry id -> the WORK_COMPLETED reports the conductor accepted (not fenced)."""
-    query = select(events.c.entry_id, events.c.consumer, events.c.attempt).where(
-        events.c.kind == "WORK_COMPLETED", events.c.stream == STREAM, events.c.fenced.is_(False)
+    query = select(
+        events.c.entry_id, events.c.consumer, events.c.attempt, events.c.occurred_at
+    ).where(
+        events.c.kind == "WORK_COMPLETED", events.c.stream == stream, events.c.fenced.is_(False)
     )
     found: dict[str, list[Completion]] = defaultdict(list)
     async with engine.connect() as conn:
         for row in await conn.execute(query.order_by(events.c.id)):
-            found[row.entry_id].append(Completion(row.consumer, row.attempt))
+            found[row.entry_id].append(Completion(row.consumer, row.attempt, row.occurred_at))
     return dict(found)
 
 
@@ -204,3 +222,22 @@ def calls(out: Path, issue: str) -> list[str]:
     """Markers the handler left for each call on `issue`: `<issue>.<consumer>.a<attempt>`."""
     directory = out / "calls"
     return sorted(p.name for p in directory.glob(f"{issue}.*")) if directory.is_dir() else []
+
+
+def run_audit(database_url: str, redis_url: str, out: Path) -> dict[str, Any]:
+    """`rig-conductor audit` as a user runs it, over the whole event log; its summary.json.
+
+    Off CI a machine without PySpark, Java or the JDBC jar skips; with CI set, that fails.
+    """
+    require_pyspark()
+    if not JDBC_JAR.is_file():
+        unavailable(f"no PostgreSQL JDBC driver at {JDBC_JAR} (Debian: libpostgresql-jdbc-java)")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment.update(RIG_DATABASE_URL=database_url, RIG_REDIS_URL=redis_url)
+    command = [sys.executable, "-m", "rig_conductor", "audit", "--output", str(out)]
+    done = subprocess.run(
+        command, env=environment, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
+    return summary

@@ -11,17 +11,27 @@ Configured through the environment of the agent process:
   writes `holding-<consumer>` first (a worker stuck in a long build, about to be killed).
 
 An issue dispatched with payload `{"poison": true}` fails on every call.
+
+`review` is seed 001's codex worker: while `E2E_DEGRADED_CALLS` (default 0) calls are not
+spent, it raises `Degraded("codex_quota_exhausted_until_<iso>")` with a pause of
+`E2E_DEGRADED_PAUSE_S`; after that it builds like `build`.
+
+`hang` blocks on the issues named in `E2E_HANG_ISSUES` (comma list) while `E2E_HANG_FILE`
+exists, without reporting progress (a deadlocked CLI); other issues build like `build`.
+`hang_async` does the same in an `async def` handler, until it is cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from rig_conductor.agent import Entry
+from rig_conductor.agent import Degraded, Entry
 
 _lock = threading.Lock()
 _calls = 0
@@ -61,3 +71,38 @@ def _next_call() -> int:
     with _lock:
         _calls += 1
         return _calls
+
+
+def review(entry: Entry) -> None:
+    if _next_call() <= int(os.environ.get("E2E_DEGRADED_CALLS", "0")):
+        until = datetime.now(UTC) + timedelta(seconds=float(os.environ["E2E_DEGRADED_PAUSE_S"]))
+        raise Degraded(f"codex_quota_exhausted_until_{until.isoformat()}", until=until)
+    build(entry)
+
+
+def hang(entry: Entry) -> None:
+    if entry.fields["issueId"] in os.environ.get("E2E_HANG_ISSUES", "").split(","):
+        _mark_hanging(entry)
+        hold = os.environ["E2E_HANG_FILE"]
+        while os.path.exists(hold):
+            time.sleep(0.05)
+    build(entry)
+
+
+async def hang_async(entry: Entry) -> None:
+    """`hang` as an `async def` handler: blocks on the loop until cancelled."""
+    if entry.fields["issueId"] in os.environ.get("E2E_HANG_ISSUES", "").split(","):
+        await asyncio.to_thread(_mark_hanging, entry)
+        out = Path(os.environ["E2E_OUT_DIR"])
+        try:
+            await asyncio.Event().wait()  # nothing ever sets it: a deadlock
+        except asyncio.CancelledError:
+            (out / f"cancelled-{entry.consumer}").write_text(entry.id)
+            raise
+    await asyncio.to_thread(build, entry)
+
+
+def _mark_hanging(entry: Entry) -> None:
+    out = Path(os.environ["E2E_OUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"hanging-{entry.consumer}").write_text(entry.id)

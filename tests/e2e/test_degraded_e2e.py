@@ -1,0 +1,124 @@
+"""Seed 001's incident end to end: review-e-codex hits its provider quota and keeps
+heartbeating, degraded, while holding reviews; the healthy review-e consumers of the same group
+take them over once the grace period has passed, and none waits for codex to recover.
+
+Real processes: `rig-conductor serve`, and `rig-conductor agent` for codex and review-e. The
+audit over the run (`rig-conductor audit`) finds nothing lost and nothing done twice.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import events
+from tests.integration.helpers import serve, wait_for
+
+from .fleet import (
+    Fleet,
+    accepted_completions,
+    conductor_env,
+    dispatch,
+    heard_from,
+    pending,
+    run_audit,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+STREAM, GROUP = "assignments:review-e", "review"
+CODEX = ("review-e-codex", "review-e-codex-rig-agent-runtime-0")
+HEALTHY = [("review-e", f"review-e-rig-agent-runtime-{n}") for n in range(3)]
+ISSUES = [f"rv-{n}" for n in range(1, 21)]
+GRACE_S, SCAN_S = 1.5, 0.5
+# Beyond the reaper's grace + 2 scan intervals: a survivor's next read of its own pending list
+# (RIG_SCAN_INTERVAL_S 1 s for the agents) and handling its share of 20 entries.
+HANDLING_S = 4.0
+
+
+async def first_degraded_heartbeat(engine: AsyncEngine, consumer: str) -> object:
+    query = select(events.c.occurred_at).where(
+        events.c.kind == "HEARTBEAT",
+        events.c.consumer == consumer,
+        events.c.detail["degraded"].as_boolean(),
+    )
+    async with engine.connect() as conn:
+        return (await conn.execute(query.order_by(events.c.id).limit(1))).scalar_one()
+
+
+async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
+    redis: Redis, engine: AsyncEngine, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    env = conductor_env(
+        [CODEX[0], "review-e"],
+        RIG_STREAMS="assignments:*",
+        RIG_DISPATCH_STREAM=STREAM,
+        RIG_AGENT_DOWN_MS="60000",
+        RIG_DEGRADED_GRACE_MS=str(int(GRACE_S * 1000)),
+        RIG_SCAN_INTERVAL_S=str(SCAN_S),
+    )
+    async with (
+        serve(redis_url, database_url, **env) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        fleet_env = {"E2E_OUT_DIR": str(out), "E2E_WORK_S": "0.02"}
+        with Fleet(redis_url, conductor.url, tmp_path, fleet_env) as fleet:
+            where = {"stream": STREAM, "group": GROUP}
+            # codex took the reviews while it was still healthy ...
+            await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+            entries = {issue: await dispatch(api, issue, {"pr": issue}) for issue in ISSUES}
+            await redis.xreadgroup(GROUP, CODEX[1], {STREAM: ">"}, count=len(ISSUES))
+            # ... then its provider's quota ran out: every call now says Degraded.
+            codex = fleet.start(
+                *CODEX,
+                **where,
+                handler="tests.e2e.handlers:review",
+                E2E_DEGRADED_CALLS="20",
+                E2E_DEGRADED_PAUSE_S="600",
+            )
+            healthy = [fleet.start(*agent, **where) for agent in HEALTHY]
+            for agent in healthy:
+                await wait_for(lambda a=agent: heard_from(api, a.consumer), within=30)
+            await wait_for(lambda: _flagged(api, CODEX[0]), within=30)
+
+            async def settled() -> bool:
+                done = await accepted_completions(engine, stream=STREAM)
+                return set(entries.values()) <= set(done) and not await pending(redis, **where)
+
+            await wait_for(settled, within=60)
+            degraded_at = await first_degraded_heartbeat(engine, CODEX[1])
+            assert codex.process.poll() is None  # alive and degraded all along
+            codes = fleet.stop_all()
+        assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
+
+    assert set(codes.values()) == {0}
+    completions = await accepted_completions(engine, stream=STREAM)
+    healthy_names = {consumer for _, consumer in HEALTHY}
+    for entry_id in entries.values():
+        (done,) = completions[entry_id]  # exactly once
+        assert done.consumer in healthy_names
+        assert done.at - degraded_at <= timedelta(seconds=GRACE_S + 2 * SCAN_S + HANDLING_S)
+    # Spread over the three healthy consumers, not piled onto one.
+    by_consumer = {c: sum(d.consumer == c for (d,) in completions.values()) for c in healthy_names}
+    assert min(by_consumer.values()) >= 4, by_consumer
+    async with engine.connect() as conn:
+        reasons = await conn.execute(
+            select(events.c.detail["reason"].as_string()).where(events.c.kind == "RECLAIMED")
+        )
+        assert set(reasons.scalars()) == {"degraded"}
+
+    summary = run_audit(database_url, redis_url, tmp_path / "audit")
+    assert summary["lost"] == [] and summary["duplicates"] == []
+    assert summary["completed"] == len(ISSUES)
+
+
+async def _flagged(api: httpx.AsyncClient, agent_id: str) -> bool:
+    agents = (await api.get("/api/agents")).json()
+    return any(a["agentId"] == agent_id and a["degraded"] for a in agents)

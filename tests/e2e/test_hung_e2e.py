@@ -1,0 +1,122 @@
+"""A handler that hangs while its agent stays alive (reaper rule 4b), end to end.
+
+Real processes: `rig-conductor serve` and two `rig-conductor agent` processes. builder-h's
+handler blocks on one issue without reporting progress, as a deadlocked CLI would; its agent
+keeps heartbeating. At RIG_ENTRY_DEADLINE_MS the runtime abandons the call, and the reaper
+moves that entry alone to builder-a. builder-h goes on with other work, and when the hung call
+finally returns, its result is fenced: nothing is reported, nothing committed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import events
+from tests.integration.helpers import serve, wait_for
+
+from .fleet import (
+    Fleet,
+    accepted_completions,
+    conductor_env,
+    dispatch,
+    effects,
+    heard_from,
+    pending,
+    run_audit,
+    work_events,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+HUNG = ("builder-h", "builder-h-pod-0")
+HEALTHY = ("builder-a", "builder-a-pod-0")
+DEADLINE_S, SCAN_S = 2.0, 0.5
+# Beyond deadline + 2 scan intervals: builder-a's next read of its own pending list (1 s).
+PICKUP_S = 2.0
+
+
+async def started_at(engine: AsyncEngine, entry_id: str) -> object:
+    query = select(events.c.occurred_at).where(
+        events.c.kind == "WORK_STARTED", events.c.entry_id == entry_id
+    )
+    async with engine.connect() as conn:
+        return (await conn.execute(query.order_by(events.c.id).limit(1))).scalar_one()
+
+
+@pytest.mark.parametrize("handler", ["hang", "hang_async"])
+async def test_a_hung_handler_loses_its_entry_not_its_liveness(
+    handler: str,
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    hold.touch()
+    deadline = {"RIG_ENTRY_DEADLINE_MS": str(int(DEADLINE_S * 1000))}
+    env = conductor_env(
+        [HUNG[0], HEALTHY[0]],
+        RIG_AGENT_DOWN_MS="60000",
+        RIG_SCAN_INTERVAL_S=str(SCAN_S),
+        **deadline,
+    )
+    async with (
+        serve(redis_url, database_url, **env) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        fleet_env = {"E2E_OUT_DIR": str(out), "E2E_HANG_FILE": str(hold), **deadline}
+        with Fleet(redis_url, conductor.url, tmp_path, fleet_env) as fleet:
+            hung = fleet.start(
+                *HUNG, handler=f"tests.e2e.handlers:{handler}", E2E_HANG_ISSUES="rc-hung"
+            )
+            await wait_for(lambda: heard_from(api, hung.consumer), within=30)
+            stuck = await dispatch(api, "rc-hung", {})
+            await wait_for(lambda: (out / f"hanging-{hung.consumer}").exists(), within=15)
+            healthy = fleet.start(*HEALTHY)
+            await wait_for(lambda: heard_from(api, healthy.consumer), within=30)
+
+            async def moved_and_done() -> bool:
+                return stuck in await accepted_completions(engine)
+
+            await wait_for(moved_and_done, within=30)
+            # The hung agent keeps its other work.
+            others = {f"rc-{n}": await dispatch(api, f"rc-{n}", {}) for n in range(1, 7)}
+
+            async def all_done() -> bool:
+                done = await accepted_completions(engine)
+                return set(others.values()) <= set(done)
+
+            await wait_for(all_done, within=30)
+            hold.unlink()  # the hung call returns at last ...
+            if handler == "hang":  # ... and a thread goes on to its build: too late to count
+                late = out / "calls" / f"rc-hung.{hung.consumer}.a1"
+                await wait_for(late.exists, within=15)
+            assert await pending(redis) == {}
+            codes = fleet.stop_all()
+        assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
+
+    assert set(codes.values()) == {0}
+    completions = await accepted_completions(engine)
+    (done,) = completions[stuck]
+    assert done.consumer == healthy.consumer
+    assert done.at - await started_at(engine, stuck) <= timedelta(
+        seconds=DEADLINE_S + 2 * SCAN_S + PICKUP_S
+    )
+    assert any(completions[e][0].consumer == hung.consumer for e in others.values())
+    # The hung attempt reported its failure at the deadline and nothing after: no late success.
+    hung_reports = [kind for kind, attempt, _ in await work_events(engine, stuck) if attempt == 1]
+    assert hung_reports == ["WORK_STARTED", "WORK_FAILED"]
+    assert effects(out)["rc-hung"]["consumer"] == healthy.consumer
+    if handler == "hang_async":
+        assert (out / f"cancelled-{hung.consumer}").read_text() == stuck
+    if handler == "hang":
+        summary = run_audit(database_url, redis_url, tmp_path / "audit")
+        assert summary["lost"] == [] and summary["duplicates"] == []
