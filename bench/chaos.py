@@ -59,6 +59,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,8 @@ CONDUCTOR_DOWNTIME_S = 1.0
 PROGRESS_EVERY_S = 5.0
 STALL_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 15.0
+DEGRADED_GRACE_MS = 1_000
+ENTRY_DEADLINE_MS = 2_000
 RECLAIMED = re.compile(r"\[StreamReclaim\] Reclaimed (\S+) on (\S+): ")
 REAPER_DEAD_LETTERED = re.compile(r"\[StreamReclaim\] Dead-lettered (\S+) on (\S+) after ")
 
@@ -88,10 +91,23 @@ REAPER_DEAD_LETTERED = re.compile(r"\[StreamReclaim\] Dead-lettered (\S+) on (\S
 
 
 def handle(entry: Any) -> None:
-    """Sleep CHAOS_WORK_MS, then stage `<issueId>--<entryId>.a<attempt>.json`; poison raises."""
+    """Sleep CHAOS_WORK_MS, then stage `<issueId>--<entryId>.a<attempt>.json`; poison raises.
+
+    With CHAOS_DEGRADED set, every call raises Degraded (a provider out of quota); with
+    CHAOS_HANG_EVERY=n, the first attempt of every n-th issue hangs for CHAOS_HANG_S without
+    progress (a deadlocked CLI), past RIG_ENTRY_DEADLINE_MS.
+    """
+    from rig_conductor.agent import Degraded
+
     issue = entry.fields["issueId"]
+    if os.environ.get("CHAOS_DEGRADED"):
+        pause = timedelta(seconds=float(os.environ.get("CHAOS_DEGRADED_PAUSE_S", "2")))
+        raise Degraded("chaos_quota_exhausted", until=datetime.now(UTC) + pause)
     if json.loads(entry.fields.get("payload") or "{}").get("poison"):
         raise RuntimeError(f"{issue} is poison: its build fails every time")
+    hang_every = int(os.environ.get("CHAOS_HANG_EVERY", "0"))
+    if hang_every and entry.attempt == 1 and int(issue.rsplit("-", 1)[1]) % hang_every == 0:
+        time.sleep(float(os.environ.get("CHAOS_HANG_S", "20")))
     time.sleep(float(os.environ.get("CHAOS_WORK_MS", "5")) / 1000)
     effect = {
         "issueId": issue,
@@ -120,6 +136,8 @@ class Options:
     seed: int | None
     keep: bool
     conductor_signal: str  # kill, term or alternate (kill first)
+    degraded_agents: int  # agents whose every call raises Degraded; never killed
+    hang_every: int  # the first attempt of every n-th issue hangs (0: none)
 
 
 @dataclass
@@ -212,6 +230,7 @@ class Soak:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.agent_ids = [f"chaos-w{slot}" for slot in range(self.options.agents)]
+        self.degraded_ids = [f"chaos-degraded{n}" for n in range(self.options.degraded_agents)]
         self.slots: list[Child] = []
         self.incarnations = [0] * self.options.agents
         self.latest: Snapshot | None = None
@@ -244,7 +263,7 @@ class Soak:
             RIG_HTTP_HOST="127.0.0.1",
             RIG_HTTP_PORT=str(self.port),
             RIG_STREAMS=self.stream,
-            RIG_AGENT_IDS=",".join(self.agent_ids),
+            RIG_AGENT_IDS=",".join(self.agent_ids + self.degraded_ids),
             RIG_ENTRY_STALE_MS="1000",
             RIG_AGENT_DOWN_MS="3000",
             RIG_SCAN_INTERVAL_S="0.5",
@@ -252,6 +271,8 @@ class Soak:
             # before it judges anyone by heartbeats that stopped only because it was away.
             RIG_STARTUP_DELAY_S="1",
             RIG_MAX_DELIVERIES=str(self.options.max_deliveries),
+            RIG_DEGRADED_GRACE_MS=str(DEGRADED_GRACE_MS),
+            RIG_ENTRY_DEADLINE_MS=str(ENTRY_DEADLINE_MS),
             RIG_TENANT=self.tenant,
             RIG_K8S_ENABLED="false",
         )
@@ -281,6 +302,12 @@ class Soak:
         self.incarnations[slot] += 1
         agent_id = self.agent_ids[slot]
         consumer = f"{agent_id}-{self.incarnations[slot]}"  # a new pod, a new consumer name
+        return self._agent(agent_id, consumer, CHAOS_HANG_EVERY=str(self.options.hang_every))
+
+    def start_degraded_agent(self, agent_id: str) -> Child:
+        return self._agent(agent_id, f"{agent_id}-0", CHAOS_DEGRADED="1")
+
+    def _agent(self, agent_id: str, consumer: str, **extra: str) -> Child:
         python_path = [p for p in (os.environ.get("PYTHONPATH"), str(BENCH_DIR)) if p]
         env = self._environment(
             RIG_CONDUCTOR_URL=self.url,
@@ -291,6 +318,8 @@ class Soak:
             PYTHONPATH=os.pathsep.join(python_path),
             CHAOS_OUT_DIR=str(self.out),
             CHAOS_WORK_MS=str(self.options.work_ms),
+            RIG_ENTRY_DEADLINE_MS=str(ENTRY_DEADLINE_MS),
+            **extra,
         )
         command = ["agent", "--agent-id", agent_id, "--group", GROUP, "--stream", self.stream]
         child = self._spawn(consumer, [*command, "--handler", "chaos:handle"], env)
@@ -474,6 +503,8 @@ class Soak:
             await self.migrate()
             await self.start_conductor()
             self.slots = [self.start_agent(slot) for slot in range(self.options.agents)]
+            for agent_id in self.degraded_ids:
+                self.start_degraded_agent(agent_id)
             async with (
                 await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as db,
                 httpx.AsyncClient(base_url=self.url, timeout=30) as api,
@@ -525,6 +556,12 @@ class Soak:
             (self.tenant, self.stream),
         )
         fenced_row = await rows.fetchone()
+        rows = await db.execute(
+            "SELECT detail->>'reason', sum(cardinality(entry_ids)) FROM events "
+            "WHERE tenant = %s AND stream = %s AND kind = 'RECLAIMED' GROUP BY 1 ORDER BY 1",
+            (self.tenant, self.stream),
+        )
+        by_reason = {str(reason): int(n) for reason, n in await rows.fetchall()}
         return Report(
             soak=self,
             final=final,
@@ -534,6 +571,7 @@ class Soak:
             leftovers=len(list(self.out.glob(".*.tmp"))),
             duplicated=sorted(issue for issue, n in stream_issues.items() if n > 1),
             fenced=int(fenced_row[0]) if fenced_row else 0,
+            reclaimed_by_reason=by_reason,
             logs=[c.log.read_text(errors="replace") for c in self.conductors],
         )
 
@@ -548,6 +586,7 @@ class Report:
     leftovers: int
     duplicated: list[str]  # issues with more than one stream entry
     fenced: int
+    reclaimed_by_reason: dict[str, int]
     logs: list[str]
 
     def print(self) -> bool:
@@ -571,7 +610,8 @@ class Report:
         lines = [
             f"rig-conductor chaos soak {soak.run_id}: {opts.issues} issues ({len(soak.poison)} "
             f"poison), {opts.agents} agents, an agent SIGKILLed every {opts.kill_every:g}s, "
-            f"{opts.conductor_restarts} conductor restarts",
+            f"{opts.conductor_restarts} conductor restarts, {opts.degraded_agents} always-degraded "
+            f"agents, the first attempt of every {opts.hang_every}th issue hung",
             f"dispatched: {len(dispatched)}",
             f"completed: {len(completed)}",
             f"dead-lettered: {len(letters)} (poison {len(letters & soak.poison)} of "
@@ -583,6 +623,8 @@ class Report:
             f"missing effects: {len(missing)}",
             f"fenced reports: {self.fenced}",
             f"reclaims: {reclaims}",
+            "reclaims by reason: "
+            + (", ".join(f"{r} {n}" for r, n in self.reclaimed_by_reason.items()) or "none"),
             f"issues dispatched twice: {len(self.duplicated)}",
             f"orphaned staged files: {self.leftovers}",
             f"agent kills: {soak.tally.agent_kills}",
@@ -731,6 +773,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         default="alternate",
         help="how the conductor is stopped for a restart (alternate: SIGKILL, SIGTERM, ...)",
     )
+    parser.add_argument(
+        "--degraded-agents", type=int, default=1, help="agents that are always degraded (1)"
+    )
+    parser.add_argument(
+        "--hang-every", type=int, help="the first attempt of every n-th issue hangs (50; 20)"
+    )
     parser.add_argument("--quick", action="store_true", help="CI run: 100 issues, 3 agents")
     args = parser.parse_args(argv)
     quick = args.quick
@@ -751,6 +799,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         seed=args.seed,
         keep=args.keep,
         conductor_signal=args.conductor_signal,
+        degraded_agents=args.degraded_agents,
+        hang_every=pick(args.hang_every, 50, 20),
     )
 
 

@@ -42,6 +42,15 @@ class GroupReader:
         )
         return _entries(reply)
 
+    async def pending_ids(self, *, after: str, count: int) -> list[str]:
+        """Ids of this consumer's pending entries after `after` ('-' for all), without reading
+        them: XPENDING does not count as a delivery, where XREADGROUP does."""
+        start = "-" if after in ("-", "0") else "(" + after
+        rows = await self._redis.xpending_range(
+            self.stream, self.group, min=start, max="+", count=count, consumername=self.consumer
+        )
+        return [str(row["message_id"]) for row in rows]
+
     async def new(self, block_ms: int) -> list[Read]:
         reply = await self._redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=1, block=block_ms

@@ -240,15 +240,50 @@ class Agent:
                 await self._sleep(delay)
 
     async def _read_pending(self) -> None:
-        """This consumer's pending entries, reclaimed ones included, one at a time."""
+        """This consumer's pending entries, reclaimed ones included, one at a time.
+
+        Entries abandoned at their deadline are stepped over without a read (a read would count
+        as a delivery and wear them out), and forgotten once the reaper has moved them away.
+        """
+        if self._abandoned:
+            await self._forget_moved()
         cursor = "0"
         while not (self.stop.is_set() or self._conductor_down or self._paused()):
+            if self._abandoned:
+                cursor = await self._step_over_abandoned(cursor)
+                if cursor == "":
+                    return
             batch = await self._reader.pending_after(cursor)
             if not batch:
                 return
             for entry_id, fields in batch:
                 await self._process(entry_id, fields)
                 cursor = entry_id
+
+    async def _step_over_abandoned(self, cursor: str) -> str:
+        """A cursor just before the next pending entry not abandoned; '' when there is none."""
+        after = cursor
+        while True:
+            ids = await self._reader.pending_ids(after=after, count=100)
+            for entry_id in ids:
+                if entry_id not in self._abandoned:
+                    return _before(entry_id)
+            if len(ids) < 100:
+                return ""
+            after = ids[-1]
+
+    async def _forget_moved(self) -> None:
+        mine: set[str] = set()
+        after = "-"
+        while True:
+            ids = await self._reader.pending_ids(after=after, count=1000)
+            mine.update(ids)
+            if len(ids) < 1000:
+                break
+            after = ids[-1]
+        kept = [entry_id for entry_id in self._abandoned if entry_id in mine]
+        self._abandoned.clear()
+        self._abandoned.extend(kept)
 
     def _paused(self) -> bool:
         return self._paused_until > time.monotonic()
@@ -427,6 +462,14 @@ class Agent:
             return not isinstance(answer, FencedAnswer)
 
         return ProgressReporter(asyncio.get_running_loop(), send)
+
+
+def _before(entry_id: str) -> str:
+    """The greatest stream id below `entry_id`: reading after it starts at `entry_id`."""
+    ms, _, seq = entry_id.partition("-")
+    if int(seq or 0) > 0:
+        return f"{ms}-{int(seq) - 1}"
+    return f"{int(ms) - 1}-18446744073709551615" if int(ms) > 0 else "0"
 
 
 __all__ = [
