@@ -38,6 +38,7 @@ bench: install
 	$(BIN)/python bench/reclaim.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/recover.py
+	$(BIN)/python bench/recover_live.py
 	$(BIN)/python bench/audit.py
 
 ## Chaos soak: agents SIGKILLed, the conductor restarted; exit 1 on lost or doubled work.
