@@ -1,14 +1,30 @@
-"""Logging set-up: one dictConfig builder, text or JSON lines on stderr.
+"""Logging set-up: one dictConfig builder, text or JSON lines on stderr, and batches of lines.
 
 In JSON format every record is one object whose `message` is the same sentence the text format
 prints, with the `extra` fields a call passed (entryId, stream, fromConsumer, ...) beside it.
+
+A scan that moves a million entries logs a million lines. Doing that one LogRecord at a time
+costs more than the moves (a record, a formatter call, a flush and a write per line), so
+`log_lines` sends a page of lines as one record: the formatters here render it as one line
+per entry, each exactly as a record of its own would read, and the handler writes the page at
+once. `configure` puts a queue in front of stderr: the scan only enqueues, a thread formats and
+writes, so a slow, full or closed stderr can neither fail nor stall a scan.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import logging.config
+import logging.handlers
+import os
+import queue
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,17 +33,70 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message",
     "asctime",
     "color_message",  # uvicorn's ANSI-coloured copy of the message
+    "rig_lines",
 }
+TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+STALL_S = 2.0  # at exit, how long a stderr that takes no line is waited for
+
+
+@dataclass(frozen=True, slots=True)
+class Lines:
+    """Many log lines sent as one record: `messages[i]` with the fields `common`, plus
+    `varying[0]` = `varying[1][i]` (the one field that differs from line to line)."""
+
+    messages: Sequence[str]
+    common: Mapping[str, Any]
+    varying: tuple[str, Sequence[Any]] | None = None
+
+    def __str__(self) -> str:  # what a formatter that does not know batches shows
+        return "\n".join(self.messages)
+
+    def fields(self, index: int) -> dict[str, Any]:
+        fields = dict(self.common)
+        if self.varying is not None:
+            fields[self.varying[0]] = self.varying[1][index]
+        return fields
+
+
+def log_lines(logger: logging.Logger, level: int, lines: Lines) -> None:
+    """Log every line of `lines` as one record, if `level` is enabled."""
+    if lines.messages and logger.isEnabledFor(level):
+        logger.log(level, "%s", lines, extra={"rig_lines": lines})
+
+
+def messages(record: logging.LogRecord) -> list[str]:
+    """The sentences a record carries: one, or a batch's."""
+    lines: Lines | None = getattr(record, "rig_lines", None)
+    return list(lines.messages) if lines is not None else [record.getMessage()]
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        lines: Lines | None = getattr(record, "rig_lines", None)
+        if lines is None:
+            return super().format(record)
+        # Every line of a batch shares its record's time, level and logger: format them once.
+        prefix = f"{self.formatTime(record)} {record.levelname:<7} {record.name}: "
+        return "\n".join(prefix + message for message in lines.messages)
 
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        payload: dict[str, Any] = {
+        head: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
         }
+        lines: Lines | None = getattr(record, "rig_lines", None)
+        if lines is not None:
+            return "\n".join(
+                json.dumps({**head, "message": m, **lines.fields(i)}, default=str)
+                for i, m in enumerate(lines.messages)
+            )
+        payload = {**head, "message": record.getMessage()}
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 payload[key] = value
@@ -36,10 +105,65 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
+class _Enqueue(logging.handlers.QueueHandler):
+    """Hands records to the writer thread as they are: the formatting happens there."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        if not hasattr(record, "rig_lines"):
+            # Freeze the message now: its arguments may change after the call returns.
+            record.msg, record.args = record.getMessage(), None
+        return record
+
+
+class _WriterThread:
+    """Takes records off the queue, formats them and writes them to stderr in order, on a daemon
+    thread: a stderr that blocks (a full pipe nobody reads) holds up this thread only, never a
+    scan or the exit. Not a logging.Handler: logging's shutdown would wait on its lock.
+
+    A failed write (stderr closed, or gone) is dropped without a word: the stream to report it
+    on is the one that failed.
+    """
+
+    def __init__(
+        self,
+        records: queue.SimpleQueue[logging.LogRecord | None],
+        formatter: logging.Formatter,
+    ) -> None:
+        self._records = records
+        self._formatter = formatter
+        self.written = 0
+        self._thread = threading.Thread(target=self._run, name="rig-log-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (record := self._records.get()) is not None:
+            with contextlib.suppress(Exception):
+                stream = sys.stderr  # of the moment: tests swap it
+                stream.write(self._formatter.format(record) + "\n")
+                stream.flush()
+            self.written += 1
+
+    def stop(self) -> None:
+        """Write what is queued, for as long as stderr takes it. A stderr that takes nothing for
+        STALL_S (a full pipe nobody reads) is given up on: the process must be able to exit,
+        and Python's own flush of stderr at exit would block on it too."""
+        self._records.put(None)
+        seen, stalled = -1, 0.0
+        while self._thread.is_alive() and stalled < STALL_S:
+            self._thread.join(0.1)
+            stalled = 0.0 if self.written != seen else stalled + 0.1
+            seen = self.written
+        if self._thread.is_alive():
+            sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until the exit
+
+
+_writer_thread: _WriterThread | None = None
+
+
 def config(log_format: str = "text", level: str = "INFO") -> dict[str, Any]:
     """The dictConfig for `log_format` ("text" or "json"): everything to stderr."""
     formatters: dict[str, Any] = {
-        "text": {"format": "%(asctime)s %(levelname)-7s %(name)s: %(message)s"},
+        "text": {"()": TextFormatter},
         "json": {"()": JsonFormatter},
     }
     return {
@@ -68,4 +192,24 @@ def config(log_format: str = "text", level: str = "INFO") -> dict[str, Any]:
 
 
 def configure(log_format: str = "text", level: str = "INFO") -> None:
+    """`config`, with the stderr handler moved behind a queue and a writer thread."""
+    global _writer_thread
     logging.config.dictConfig(config(log_format, level))
+    root = logging.getLogger()
+    [direct] = root.handlers
+    assert direct.formatter is not None
+    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+    root.handlers = [_Enqueue(records)]
+    stop_writer()
+    _writer_thread = _WriterThread(records, direct.formatter)
+
+
+def stop_writer() -> None:
+    """Write what is queued and stop the writer thread (at exit, and before a reconfigure)."""
+    global _writer_thread
+    thread, _writer_thread = _writer_thread, None
+    if thread is not None:
+        thread.stop()
+
+
+atexit.register(stop_writer)

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import queries
@@ -67,9 +68,10 @@ async def test_reclaims_stale_entries_of_a_silent_agent(
     assert (report.dead_lettered, report.no_target, report.dry_run) == (0, 0, False)
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
     lines = [
-        r.getMessage()
+        line
         for r in caplog.records
-        if r.getMessage().startswith("[StreamReclaim] Reclaimed")
+        for line in logs.messages(r)
+        if line.startswith("[StreamReclaim] Reclaimed")
     ]
     assert lines == [
         f"[StreamReclaim] Reclaimed {i} on rig:dispatch: "

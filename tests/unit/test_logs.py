@@ -53,3 +53,48 @@ def test_text_lines_end_with_the_sentence() -> None:
         .rstrip()
         .endswith("[StreamReclaim] Dead-lettered 1-0 on s after 5 deliveries")
     )
+
+
+def _batch(n: int) -> logs.Lines:
+    ids = [f"{i}-0" for i in range(n)]
+    return logs.Lines(
+        [f"[StreamReclaim] Reclaimed {i} on s: a-0 -> b-0" for i in ids],
+        {"stream": "s", "fromConsumer": "a-0", "toConsumer": "b-0", "reason": "down"},
+        ("entryId", ids),
+    )
+
+
+def test_a_batch_is_one_line_per_entry_in_text() -> None:
+    logger, stream = _capture("text")
+    logs.log_lines(logger, logging.INFO, _batch(3))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3
+    for i, line in enumerate(lines):
+        assert line.endswith(
+            f"INFO    rig_conductor.reaper.cycle: [StreamReclaim] Reclaimed {i}-0 on s: a-0 -> b-0"
+        )
+
+
+def test_a_batch_is_one_object_per_entry_in_json() -> None:
+    logger, stream = _capture("json")
+    logs.log_lines(logger, logging.INFO, _batch(3))
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["entryId"] for line in lines] == ["0-0", "1-0", "2-0"]
+    assert {line["reason"] for line in lines} == {"down"}
+    assert lines[1]["message"] == "[StreamReclaim] Reclaimed 1-0 on s: a-0 -> b-0"
+    assert "rig_lines" not in lines[0]
+
+
+def test_a_batch_below_the_level_costs_nothing() -> None:
+    logger, stream = _capture("text")
+    logging.getLogger().setLevel(logging.WARNING)
+    logs.log_lines(logger, logging.INFO, _batch(3))
+    assert stream.getvalue() == ""
+
+
+def test_a_foreign_formatter_still_gets_every_sentence() -> None:
+    record = logging.LogRecord("x", logging.INFO, "", 0, "%s", (_batch(2),), None)
+    assert logging.Formatter("%(message)s").format(record).splitlines() == [
+        "[StreamReclaim] Reclaimed 0-0 on s: a-0 -> b-0",
+        "[StreamReclaim] Reclaimed 1-0 on s: a-0 -> b-0",
+    ]

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.domain import ConsumerName, PendingEntry, PodState
@@ -186,30 +187,28 @@ def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> Gr
 
 
 def _log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
+    """One INFO line per moved entry, written a page at a time (`logs.log_lines`)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     stream, group = assessment.stream, assessment.group
     agents = {t.consumer: t.agent for t in assessment.targets}
+    page = redis_streams.SWEEP_PAGE
     for (owner, target), ids in swept.moved.items():
         rule = assessment.rules[owner]
-        for entry_id in ids:
-            logger.info(
-                "[StreamReclaim] Reclaimed %s on %s: %s -> %s",
-                entry_id,
-                stream,
-                owner,
-                target,
-                extra={
-                    "entryId": entry_id,
-                    "stream": stream,
-                    "group": group,
-                    "fromConsumer": owner,
-                    "toConsumer": target,
-                    "fromAgent": rule.agent,
-                    "toAgent": agents.get(target),
-                    "reason": rule.reason,
-                },
-            )
+        common = {
+            "stream": stream,
+            "group": group,
+            "fromConsumer": owner,
+            "toConsumer": target,
+            "fromAgent": rule.agent,
+            "toAgent": agents.get(target),
+            "reason": rule.reason,
+        }
+        tail = f" on {stream}: {owner} -> {target}"
+        for start in range(0, len(ids), page):
+            batch = ids[start : start + page]
+            sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in batch]
+            logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
 
 
 def _reclaim_rows(
