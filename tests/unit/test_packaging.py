@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -23,3 +24,24 @@ def test_migrations_ship_as_a_subpackage() -> None:
 
     scripts = resources.files("rig_conductor._migrations").joinpath("versions")
     assert any(p.name.startswith("0001_") for p in scripts.iterdir())
+
+
+def _name(requirement: str) -> str:
+    """The normalised distribution name of a requirement string ("redis[hiredis]>=5" -> redis)."""
+    head = re.split(r"[\[<>=!~;\s]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", head).lower()
+
+
+def test_every_dependency_is_pinned_in_the_constraints() -> None:
+    """The image, CI and a release install the versions in constraints.txt: a dependency added
+    to pyproject without `make lock` would float."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in project["dependencies"]}
+    for requirements in project["optional-dependencies"].values():
+        wanted |= {_name(r) for r in requirements if not r.startswith("rig-conductor")}
+    pinned = {
+        _name(line.split("==")[0])
+        for line in (ROOT / "constraints.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
+    assert wanted <= pinned, f"run `make lock`: not in constraints.txt: {sorted(wanted - pinned)}"
