@@ -117,6 +117,7 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
     summary = run_audit(database_url, redis_url, tmp_path / "audit")
     assert summary["lost"] == [] and summary["duplicates"] == []
     assert summary["completed"] == len(ISSUES)
+    assert summary["reclaimsByReason"] == {"degraded": len(ISSUES)}
 
 
 async def _flagged(api: httpx.AsyncClient, agent_id: str) -> bool:

@@ -120,3 +120,4 @@ async def test_a_hung_handler_loses_its_entry_not_its_liveness(
     if handler == "hang":
         summary = run_audit(database_url, redis_url, tmp_path / "audit")
         assert summary["lost"] == [] and summary["duplicates"] == []
+        assert summary["reclaimsByReason"] == {"stalled": 1}

@@ -375,6 +375,8 @@ async def test_the_audit_finds_exactly_what_was_planted(
     assert {
         k: summary[k] for k in ("dispatched", "completed", "deadLettered", "pending", "reclaims")
     } == {"dispatched": 24, "completed": 10, "deadLettered": 3, "pending": 7, "reclaims": 5}
+    # The reaper's 3 moves, and 2 rows written the way the log was before reasons existed.
+    assert summary["reclaimsByReason"] == {"down": 5}
     assert summary["lost"] == [
         {"stream": S2, "entryId": entry["rc-31"][1], "issueId": "rc-31"},
         {"stream": S, "entryId": entry["rc-4"][1], "issueId": "rc-4"},

@@ -485,6 +485,20 @@ def test_reclaim_latency_is_the_reclaim_time_minus_the_last_heartbeat(spark: Spa
     assert stats["max"] == pytest.approx(4_000.5)
 
 
+def test_reclaims_are_counted_by_reason(spark: SparkSession) -> None:
+    log = Log()
+    for n, reason in enumerate(["degraded", "degraded", "stalled", "manual", "down", "pod-gone"]):
+        reclaim(log, latency_ms=None, when=at(n), entry=f"{n}-0", detail={"reason": reason})
+    # Rows from before reasons were recorded: pod-gone when the pod was gone, else down.
+    reclaim(log, latency_ms=None, when=at(9), entry="9-0", detail={"reasons": ["pod-gone"]})
+    reclaim(log, latency_ms=None, when=at(10), entry="10-0", detail={"reasons": ["x"]})
+    counts = {
+        r["reason"]: r["reclaims"]
+        for r in rc.reclaims_by_reason(rc.reclaims(log.frame(spark))).collect()
+    }
+    assert counts == {"degraded": 2, "down": 2, "manual": 1, "pod-gone": 2, "stalled": 1}
+
+
 def test_reclaim_latency_without_reclaims_is_null(spark: SparkSession) -> None:
     log = Log().assign("1-0", "rc-1")
     stats = rc.reclaim_latency(rc.reclaims(log.frame(spark))).first()

@@ -625,6 +625,8 @@ def summarize(
     """
     from pyspark.sql import functions as F
 
+    from rig_conductor.audit import reconcile as rc
+
     totals = _one(findings.status.transform(_totals))
     latency = _one(findings.latency)
     lost = findings.lost.select("stream", "entry_id", "issue_id").collect()
@@ -646,6 +648,9 @@ def summarize(
             {"issueId": r["issue_id"], "consumers": list(r["consumers"])} for r in duplicates
         ],
         "reclaims": latency["reclaims"],
+        "reclaimsByReason": {
+            r["reason"]: r["reclaims"] for r in rc.reclaims_by_reason(findings.reclaims).collect()
+        },
         "reclaimLatencyMs": {
             "p50": _ms(latency["p50"]),
             "p95": _ms(latency["p95"]),

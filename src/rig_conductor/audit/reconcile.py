@@ -32,7 +32,8 @@ ISSUE_ASSIGNED = "ISSUE_ASSIGNED"
 WORK_STARTED = "WORK_STARTED"
 WORK_COMPLETED = "WORK_COMPLETED"
 WORK_FAILED = "WORK_FAILED"
-WORK_KINDS = (WORK_STARTED, WORK_COMPLETED, WORK_FAILED)
+WORK_PROGRESS = "WORK_PROGRESS"
+WORK_KINDS = (WORK_STARTED, WORK_PROGRESS, WORK_COMPLETED, WORK_FAILED)
 RECLAIMED = "RECLAIMED"
 DEAD_LETTERED = "DEAD_LETTERED"
 DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
@@ -494,9 +495,16 @@ def reclaims(events: DataFrame) -> DataFrame:
     the old owner's newest heartbeat (`lastHeartbeatAt`; NULL when it never sent one).
 
     Columns: event_id, reclaimed_at, stream, group_name, entry_id, from_consumer, from_agent,
-    to_consumer, to_agent, reasons (JSON), idle_ms, deliveries, last_heartbeat_at, latency_ms.
+    to_consumer, to_agent, reason, reasons (JSON), idle_ms, deliveries, last_heartbeat_at,
+    latency_ms. `reason` is the move's (pod-gone, down, degraded, stalled, manual); rows written
+    before reasons existed say `pod-gone` when the pod was gone, else `down`.
     """
     heartbeat = F.try_to_timestamp(_json("lastHeartbeatAt"))
+    reason = F.coalesce(
+        _json("reason"),
+        F.when(F.instr(F.coalesce(_json("reasons"), F.lit("")), '"pod-gone"') > 0, "pod-gone"),
+        F.lit("down"),
+    )
     return per_entry(events.where(F.col("kind") == RECLAIMED)).select(
         F.col("id").alias("event_id"),
         F.col("occurred_at").alias("reclaimed_at"),
@@ -507,12 +515,18 @@ def reclaims(events: DataFrame) -> DataFrame:
         F.col("agent_id").alias("from_agent"),
         _json("toConsumer").alias("to_consumer"),
         _json("toAgent").alias("to_agent"),
+        reason.alias("reason"),
         _json("reasons").alias("reasons"),
         _json("idleMs").try_cast("long").alias("idle_ms"),
         _json("deliveries").try_cast("int").alias("deliveries"),
         heartbeat.alias("last_heartbeat_at"),
         _millis_between(F.col("occurred_at"), heartbeat).alias("latency_ms"),
     )
+
+
+def reclaims_by_reason(reclaimed: DataFrame) -> DataFrame:
+    """Reclaimed entries per reason: reason, reclaims."""
+    return reclaimed.groupBy("reason").agg(F.count(F.lit(1)).alias("reclaims")).orderBy("reason")
 
 
 def reclaim_latency(reclaimed: DataFrame) -> DataFrame:

@@ -241,6 +241,11 @@ def write_html(
         ("duplicates", len(summary["duplicates"])),
         ("reclaims", summary["reclaims"]),
         (
+            "reclaims by reason",
+            ", ".join(f"{r} {n:,}" for r, n in summary.get("reclaimsByReason", {}).items())
+            or "none",
+        ),
+        (
             "reclaim latency p50 / p95 / max (ms)",
             f"{latency['p50']:,} / {latency['p95']:,} / {latency['max']:,}",
         ),
