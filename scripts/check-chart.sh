@@ -66,14 +66,17 @@ CONFIG_ENV = [
     "RIG_SCAN_INTERVAL_S", "RIG_STARTUP_DELAY_S", "RIG_MAX_DELIVERIES",
     "RIG_DRY_RUN", "RIG_K8S_ENABLED", "RIG_K8S_NAMESPACE",
     "RIG_K8S_LABEL_SELECTOR", "RIG_LOG_FORMAT", "RIG_TENANT",
-    "RIG_EVENT_RETENTION_DAYS",
+    "RIG_EVENT_RETENTION_DAYS", "RIG_ENTRY_DEADLINE_MS", "RIG_RECLAIM_DEGRADED",
+    "RIG_DEGRADED_GRACE_MS",
 ]
 SECRET_ENV = ["RIG_DATABASE_URL", "RIG_REDIS_URL", "RIG_API_TOKENS"]
 
 # The metrics of the contract (exposed names: counters with _total), their types
 # and labels. Alert and dashboard queries may use only these.
 CONTRACT = {
-    "rig_reclaimed_entries_total": ("counter", {"stream", "group", "from_agent", "to_agent"}),
+    "rig_reclaimed_entries_total": (
+        "counter", {"stream", "group", "from_agent", "to_agent", "reason"}
+    ),
     "rig_dead_lettered_entries_total": ("counter", {"stream", "group"}),
     "rig_reclaim_no_target_total": ("counter", {"stream", "group"}),
     "rig_reaper_scans_total": ("counter", {"outcome"}),
@@ -572,6 +575,8 @@ env_mapping() {
         "RIG_STREAMS": "env:a,env:b*", "RIG_AGENT_IDS": "agent-a,agent-b",
         "RIG_ENTRY_STALE_MS": "1234", "RIG_AGENT_DOWN_MS": "86400000",
         "RIG_SCAN_INTERVAL_S": "2.5", "RIG_STARTUP_DELAY_S": "0", "RIG_MAX_DELIVERIES": "7",
+        "RIG_ENTRY_DEADLINE_MS": "0", "RIG_RECLAIM_DEGRADED": "false",
+        "RIG_DEGRADED_GRACE_MS": "4321",
         "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
         "RIG_K8S_LABEL_SELECTOR": "role=agent", "RIG_LOG_FORMAT": "text",
         "RIG_TENANT": "tenant-x", "RIG_EVENT_RETENTION_DAYS": "45"}'
@@ -579,6 +584,8 @@ env_mapping() {
     render "${rendered}"
     "${PY}" "${WORK}/chartcheck.py" env "${rendered}" '{
         "RIG_HTTP_PORT": "8080", "RIG_ENTRY_STALE_MS": "300000", "RIG_AGENT_DOWN_MS": "600000",
+        "RIG_ENTRY_DEADLINE_MS": "3600000", "RIG_RECLAIM_DEGRADED": "true",
+        "RIG_DEGRADED_GRACE_MS": "300000",
         "RIG_K8S_NAMESPACE": "'"${NAMESPACE}"'", "RIG_EVENT_RETENTION_DAYS": "30",
         "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false"}'
 }

@@ -195,6 +195,12 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.startupDelayS | toString | quote }}
 - name: RIG_MAX_DELIVERIES
   value: {{ $c.maxDeliveries | int64 | quote }}
+- name: RIG_ENTRY_DEADLINE_MS
+  value: {{ $c.entryDeadlineMs | int64 | quote }}
+- name: RIG_RECLAIM_DEGRADED
+  value: {{ $c.reclaimDegraded | toString | quote }}
+- name: RIG_DEGRADED_GRACE_MS
+  value: {{ $c.degradedGraceMs | int64 | quote }}
 - name: RIG_DRY_RUN
   value: {{ $c.dryRun | toString | quote }}
 - name: RIG_K8S_ENABLED
