@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException
 from kubernetes.client import ApiClient
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import __version__
 from rig_conductor.adapters import redis_streams
@@ -48,7 +49,7 @@ def create_app(
             tenant=settings.tenant,
             on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
         )
-        pods = _Pods(settings, kube) if kube is not None else None
+        pods = _Pods(settings, kube, engine) if kube is not None else None
         elector = (
             leader.make_elector(
                 settings=settings, api=kube, on_change=pods.follow if pods else None
@@ -124,11 +125,16 @@ class _Pods:
     """Kubernetes evidence: one tracker shared by the per-scan listing and the watch. The watch
     runs only while this replica leads."""
 
-    def __init__(self, settings: Settings, kube: ApiClient) -> None:
+    def __init__(self, settings: Settings, kube: ApiClient, engine: AsyncEngine) -> None:
         namespace, selector = settings.namespace(), settings.k8s_label_selector
         self.tracker = podwatch.PodTracker()
         self.liveness = podwatch.PodLiveness(
-            api=kube, namespace=namespace, label_selector=selector, tracker=self.tracker
+            api=kube,
+            namespace=namespace,
+            label_selector=selector,
+            tracker=self.tracker,
+            engine=engine,
+            tenant=settings.tenant,
         )
         self.on_gone: Callable[[PodName], Awaitable[None]] | None = None
         self._watch = podwatch.PodWatch(

@@ -23,7 +23,12 @@ class PodState(enum.Enum):
     """What Kubernetes says about the pod a consumer is named after."""
 
     LIVE = "live"
+    # Seen as a pod of the namespace + selector (by this conductor or an earlier leader), and
+    # now finished, deleted, or missing from a successful list.
     GONE = "gone"
+    # Never seen, missing from a successful list, and 404 by name: gone, unless the consumer
+    # heartbeats by its own name (an agent outside the cluster).
+    ABSENT = "absent"
     # No answer, a failed call, or no Kubernetes at all. Never treated as gone.
     UNKNOWN = "unknown"
 

@@ -126,7 +126,7 @@ def test_never_targets_a_down_consumer_or_agent(scene: SceneT) -> None:
         agent = resolve_agent(move.to, evidence.known_agents)
         if agent is not None:
             assert is_fresh(evidence.agent_heartbeats.get(agent), evidence.now, limits)
-        assert evidence.pod(move.to) is not PodState.GONE
+        assert not Fleet(evidence, limits).pod_gone(move.to)
 
 
 @settings(max_examples=400)
@@ -137,9 +137,8 @@ def test_never_moves_a_fresh_entry_of_a_down_owner_without_pod_evidence(scene: S
     entries = (*(m.entry for m in plan.moves), *plan.dead_letters, *plan.no_target)
     for entry in entries:
         if judge_owner(entry.consumer, evidence, limits).down:
-            assert (
-                entry.idle_ms >= limits.entry_stale_ms
-                or evidence.pod(entry.consumer) is PodState.GONE
+            assert entry.idle_ms >= limits.entry_stale_ms or Fleet(evidence, limits).pod_gone(
+                entry.consumer
             )
 
 
@@ -194,7 +193,7 @@ def test_every_eligible_entry_is_decided_exactly_once(scene: SceneT) -> None:
         if e.consumer in held:
             return False
         if fleet.is_down(e.consumer):
-            return e.idle_ms >= limits.entry_stale_ms or evidence.pod(e.consumer) is PodState.GONE
+            return e.idle_ms >= limits.entry_stale_ms or fleet.pod_gone(e.consumer)
         return fleet.degraded_stale(e.consumer)
 
     assert set(decided) == {e.id for e in entries if eligible(e)}
@@ -211,3 +210,14 @@ def test_fast_down_check_agrees_with_the_verdict(scene: SceneT) -> None:
     fleet = Fleet(evidence, limits)
     for info in group.consumers:
         assert fleet.is_down(info.name) == judge_owner(info.name, evidence, limits).down
+
+
+@settings(max_examples=300)
+@given(scenes())
+def test_an_absent_pod_never_downs_a_consumer_that_heartbeats_by_name(scene: SceneT) -> None:
+    group, _, evidence, limits = scene
+    fleet = Fleet(evidence, limits)
+    for info in group.consumers:
+        own = evidence.consumer_heartbeats.get(info.name)
+        if evidence.pod(info.name) is PodState.ABSENT and fleet.fresh(own):
+            assert not fleet.pod_gone(info.name)

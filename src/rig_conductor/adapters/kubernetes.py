@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT: tuple[float, float] = (5.0, 15.0)
 LIST_PAGE = 500
 HTTP_NOT_FOUND = 404
+HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
 
@@ -171,6 +172,23 @@ def list_pods(
     if not resource_version:
         raise KubernetesUnavailable("pod list carried no metadata.resourceVersion")
     return PodListing(resource_version, tuple(pods))
+
+
+def read_pod(
+    api: client.ApiClient, *, namespace: str, name: str, timeout: Timeout = DEFAULT_TIMEOUT
+) -> PodObservation | None:
+    """GET one pod by name: its observation, or None when the API answers 404 (no such pod).
+
+    Any other failure raises KubernetesUnavailable: only a 404 says the pod is absent.
+    """
+    core = client.CoreV1Api(api)
+    try:
+        body = _call_json(core.read_namespaced_pod, name, namespace, _request_timeout=timeout)
+    except KubernetesUnavailable as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise
+    return _observation(body)
 
 
 def watch_pods(

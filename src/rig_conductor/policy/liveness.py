@@ -115,7 +115,16 @@ class Fleet:
         own = self.evidence.consumer_heartbeats.get(consumer)
         if own is not None and not self.fresh(own):
             return True
-        return self.evidence.pods.get(consumer) is PodState.GONE
+        return self.pod_gone(consumer)
+
+    def pod_gone(self, consumer: ConsumerName) -> bool:
+        """Kubernetes positively reports the consumer's pod gone (rule 3). A pod absent without
+        ever having been seen is gone only for a consumer that does not heartbeat by its own
+        name: an agent outside the cluster has no pod to find."""
+        state = self.evidence.pods.get(consumer)
+        if state is PodState.ABSENT:
+            return not self.fresh(self.evidence.consumer_heartbeats.get(consumer))
+        return state is PodState.GONE
 
     def owner(self, consumer: ConsumerName) -> OwnerVerdict:
         """Rule 3 with its reasons. A consumer of no known agent is judged by its own evidence."""
@@ -131,7 +140,7 @@ class Fleet:
         own_beat = evidence.consumer_heartbeats.get(consumer)
         if own_beat is not None and not self.fresh(own_beat):
             reasons.append(DownReason.CONSUMER_SILENT)
-        if evidence.pod(consumer) is PodState.GONE:
+        if self.pod_gone(consumer):
             reasons.append(DownReason.POD_GONE)
         beats = [beat.at for beat in (own_beat, agent_beat) if beat is not None]
         return OwnerVerdict(consumer, agent, tuple(reasons), max(beats) if beats else None)

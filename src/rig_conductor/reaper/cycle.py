@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import ConsumerName, PendingEntry, PodState
+from rig_conductor.domain import ConsumerName, GroupInfo, PendingEntry, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import liveness, reclaim
 from rig_conductor.reaper import moves, observe
@@ -31,6 +31,9 @@ from rig_conductor.settings import Settings
 logger = logging.getLogger(__name__)
 
 DEAD_LETTER_REASON = "max-deliveries"
+
+# Looks up consumers by pod name: their states, for those Kubernetes could answer for.
+Probe = Callable[[list[ConsumerName]], Awaitable[Mapping[ConsumerName, PodState]]]
 
 __all__ = ["GroupOutcome", "ScanReport", "describe_failure", "reap_once"]
 
@@ -44,11 +47,13 @@ async def reap_once(
     pods: Mapping[ConsumerName, PodState] | None = None,
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
+    probe: Probe | None = None,
 ) -> ScanReport:
     """Scan every group of every configured stream once. Raises on Redis or Postgres failure.
 
     With `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
-    `detector`, new sightings of consumers without heartbeat are logged and recorded.
+    `detector`, new sightings of consumers without heartbeat are logged and recorded; with
+    `probe`, consumers holding entries that `pods` says nothing about are looked up by name.
     """
     started = time.perf_counter()
     limits = settings.limits
@@ -56,6 +61,8 @@ async def reap_once(
     # Fetch.
     streams = await redis_streams.resolve_streams(redis, names=settings.streams)
     groups = await redis_streams.describe_groups(redis, streams=streams)
+    if probe is not None:
+        pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
     evidence = await queries.load_evidence(
         engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
     )
@@ -109,6 +116,14 @@ async def reap_once(
     )
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     return report
+
+
+def _unexplained(
+    groups: list[GroupInfo], pods: Mapping[ConsumerName, PodState]
+) -> list[ConsumerName]:
+    """Consumers holding entries whose pod the pod evidence says nothing about."""
+    found = {c.name for g in groups for c in g.consumers if c.pending and c.name not in pods}
+    return sorted(found)
 
 
 async def _apply(

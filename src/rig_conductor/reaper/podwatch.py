@@ -13,10 +13,12 @@ The rules (Reaper rules 3-4 of the contract):
 - a pod that exists and is Pending or Running is LIVE, also while terminating (deletionTimestamp
   set): its containers may still be acking until the pod object is removed;
 - Succeeded or Failed is GONE; phase Unknown (node unreachable) or no phase is UNKNOWN;
-- a pod absent from a successful list is GONE only if this process has positively seen it as a
-  pod of this namespace + selector before. A consumer never seen as a pod (an agent running
-  outside the cluster, or a pod another selector covers) stays UNKNOWN and is judged by its
-  heartbeats alone. The memory lasts as long as the process (bounded, oldest gone pods first).
+- a pod absent from a successful list is GONE when it was positively seen as a pod of this
+  namespace + selector before: by this process (in memory, bounded, oldest gone pods first) or
+  by any conductor of the tenant (the `pods_seen` table: a restart or a new leader remembers).
+  A consumer holding entries that neither the list nor that memory knows is looked up by name:
+  a 404 makes it ABSENT, which the policy counts as gone unless the consumer heartbeats by its
+  own name (an agent outside the cluster has no pod). A failed GET leaves it UNKNOWN.
 
 This module decides nothing about entries; it only supplies evidence and deletes empty consumers.
 """
@@ -38,6 +40,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import kubernetes, redis_streams
+from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.policy import hygiene
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 OnGone = Callable[[PodName], Awaitable[object]]
 
+PROBE_LIMIT = 100  # GETs by name per scan, for consumers the pod list does not show
 _LIVE_PHASES = frozenset({"Pending", "Running"})
 _FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
 # When two answers about one pod race, the one that moves less work wins.
@@ -152,7 +156,9 @@ class PodTracker:
 
 
 class PodLiveness:
-    """Pod evidence for reaper scans: one list per scan, remembered in a PodTracker."""
+    """Pod evidence for reaper scans: one list per scan, remembered in a PodTracker and, with an
+    `engine`, in PostgreSQL (so a restarted or new leader knows what was seen before); then a
+    GET by name for the consumers holding entries that the list says nothing about."""
 
     def __init__(
         self,
@@ -162,12 +168,20 @@ class PodLiveness:
         label_selector: str,
         tracker: PodTracker | None = None,
         timeout: kubernetes.Timeout = kubernetes.DEFAULT_TIMEOUT,
+        engine: AsyncEngine | None = None,
+        tenant: str = "default",
+        probe_limit: int = PROBE_LIMIT,
     ) -> None:
         self.api = api
         self.namespace = namespace
         self.label_selector = label_selector
         self.tracker = tracker or PodTracker()
         self._timeout = timeout
+        self._engine = engine
+        self._tenant = tenant
+        self._probe_limit = probe_limit
+        # The pods of the last successful list; None when the last list failed.
+        self._listed: frozenset[PodName] | None = None
 
     async def scan(self) -> Mapping[ConsumerName, PodState]:
         """The `pods` argument for `cycle.reap_once`; empty (all UNKNOWN) when the list fails."""
@@ -186,9 +200,47 @@ class PodLiveness:
                 self.namespace,
                 exc,
             )
+            self._listed = None
             return {}
         self.tracker.apply_listing(listing, since=since)
+        self._listed = frozenset(pod.name for pod in listing.pods)
+        if self._engine is not None:
+            await pods_seen.remember(
+                self._engine, tenant=self._tenant, namespace=self.namespace, names=self._listed
+            )
         return self.tracker.states()
+
+    async def probe(self, consumers: Sequence[ConsumerName]) -> dict[ConsumerName, PodState]:
+        """Pod states for consumers the last successful list did not show (at most
+        `probe_limit` a scan): GONE when a conductor saw the pod before, else what a GET by
+        name says: ABSENT for a 404, the pod's state when it exists. Nothing when the last
+        list failed, or for a GET that fails: unknown is never absent."""
+        listed = self._listed
+        if listed is None:
+            return {}
+        missing = [c for c in consumers if PodName(c) not in listed][: self._probe_limit]
+        found: dict[ConsumerName, PodState] = {}
+        if self._engine is not None and missing:
+            seen = await pods_seen.seen(
+                self._engine, tenant=self._tenant, namespace=self.namespace, names=missing
+            )
+            found.update(dict.fromkeys((ConsumerName(name) for name in seen), PodState.GONE))
+        for consumer in missing:
+            if consumer in found:
+                continue
+            try:
+                pod = await asyncio.to_thread(
+                    kubernetes.read_pod,
+                    self.api,
+                    namespace=self.namespace,
+                    name=consumer,
+                    timeout=self._timeout,
+                )
+            except kubernetes.KubernetesUnavailable as exc:
+                logger.info("Pod %s: GET by name failed, left unknown: %s", consumer, exc)
+                continue
+            found[consumer] = PodState.ABSENT if pod is None else pod_state(pod)
+        return found
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.metrics import Metrics
@@ -118,6 +119,7 @@ class ReaperService:
                     settings=self._settings,
                     dry_run=dry_run,
                     pods=pods,
+                    probe=self._pods.probe if self._pods is not None else None,
                     metrics=self._metrics,
                     detector=self._detector,
                 )
@@ -171,9 +173,9 @@ class ReaperService:
         if not self.leading:
             return
         try:
-            deleted = await queries.delete_old_events(
-                self._engine, older_than_days=self._settings.event_retention_days
-            )
+            days = self._settings.event_retention_days
+            deleted = await queries.delete_old_events(self._engine, older_than_days=days)
+            await pods_seen.forget_older_than(self._engine, days=days)
         except Exception as exc:
             logger.error("Event retention failed: %s", cycle.describe_failure(exc))
             return

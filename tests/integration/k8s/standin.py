@@ -6,6 +6,7 @@ Speaks the real wire format, so tests drive the official `kubernetes` client unc
   with watch=true a chunked stream of newline-delimited watch events (ADDED, MODIFIED,
   DELETED, BOOKMARK when allowWatchBookmarks, ERROR with a Status of code 410 for an expired
   resourceVersion), ended after timeoutSeconds;
+- GET  /api/v1/namespaces/{ns}/pods/{name}: the Pod, or a 404 NotFound Status;
 - GET/PUT /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name} and POST .../leases:
   404 NotFound, 409 AlreadyExists, 409 Conflict on a stale resourceVersion, 400 on a MicroTime
   the real server would refuse.
@@ -34,6 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
+POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")
 LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases$")
 LEASE = re.compile(
     r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases/(?P<name>[^/]+)$"
@@ -71,7 +73,7 @@ def status_body(code: int, message: str, reason: str | None = None) -> dict[str,
 class Fault:
     """What to do to the next `times` requests of one kind (None: every request)."""
 
-    kind: str  # pods-list, pods-watch, lease-get, lease-create, lease-update
+    kind: str  # pods-list, pods-watch, pod-get, lease-get, lease-create, lease-update
     status: int | None = None
     delay: float = 0.0
     steal_by: str | None = None  # lease-update: another holder writes the Lease first
@@ -322,15 +324,9 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         try:
-            if (found := PODS.match(parts.path)) and method == "GET":
-                watching = query.get("watch", "").lower() in ("true", "1")
-                if self._fault("pods-watch" if watching else "pods-list")[0]:
-                    return
-                if watching:
-                    self._watch(found["ns"], query)
-                else:
-                    self._list(found["ns"], query)
-            elif (found := LEASE.match(parts.path)) and method in ("GET", "PUT"):
+            if method == "GET" and self._route_pods(parts.path, query):
+                return
+            if (found := LEASE.match(parts.path)) and method in ("GET", "PUT"):
                 kind = "lease-get" if method == "GET" else "lease-update"
                 answered, fault = self._fault(kind)
                 if answered:
@@ -348,6 +344,22 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, status_body(404, f"the server could not find {parts.path}"))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _route_pods(self, path: str, query: dict[str, str]) -> bool:
+        """GET on the pods collection (list or watch) or on one pod; False for other paths."""
+        if found := PODS.match(path):
+            watching = query.get("watch", "").lower() in ("true", "1")
+            if not self._fault("pods-watch" if watching else "pods-list")[0]:
+                if watching:
+                    self._watch(found["ns"], query)
+                else:
+                    self._list(found["ns"], query)
+            return True
+        if found := POD.match(path):
+            if not self._fault("pod-get")[0]:
+                self._get_pod(found["ns"], found["name"])
+            return True
+        return False
 
     def _fault(self, kind: str) -> tuple[bool, Fault | None]:
         """Apply an injected fault; (True, _) when it answered the request already."""
@@ -475,6 +487,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     # leases
+
+    def _get_pod(self, namespace: str, name: str) -> None:
+        with self.api.cond:
+            found = self.api.pods.get((namespace, name))
+            pod = json.loads(json.dumps(found)) if found is not None else None
+        if pod is None:
+            self._send(404, status_body(404, f'pods "{name}" not found', "NotFound"))
+        else:
+            self._send(200, pod)
 
     def _get_lease(self, namespace: str, name: str) -> None:
         with self.api.cond:

@@ -106,3 +106,13 @@ assignments = Table(
         "state IN ('pending', 'running', 'done', 'failed', 'dead')", name="ck_assignments_state"
     ),
 )
+
+# Agent pods a conductor of the tenant has listed: what a new leader knows was once there.
+pods_seen = Table(
+    "pods_seen",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("namespace", Text, primary_key=True),
+    Column("pod", Text, primary_key=True),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
