@@ -106,3 +106,14 @@ def _mark_hanging(entry: Entry) -> None:
     out = Path(os.environ["E2E_OUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     (out / f"hanging-{entry.consumer}").write_text(entry.id)
+
+
+def slow(entry: Entry) -> None:
+    """Works `E2E_SLOW_S` on the issues in `E2E_SLOW_ISSUES`, reporting progress every
+    `E2E_PROGRESS_S`, then builds: long work that keeps its entry past the deadline."""
+    if entry.fields["issueId"] in os.environ.get("E2E_SLOW_ISSUES", "").split(","):
+        until = time.monotonic() + float(os.environ["E2E_SLOW_S"])
+        while time.monotonic() < until:
+            time.sleep(float(os.environ["E2E_PROGRESS_S"]))
+            entry.progress()
+    build(entry)

@@ -121,3 +121,54 @@ async def test_a_hung_handler_loses_its_entry_not_its_liveness(
         summary = run_audit(database_url, redis_url, tmp_path / "audit")
         assert summary["lost"] == [] and summary["duplicates"] == []
         assert summary["reclaimsByReason"] == {"stalled": 1}
+
+
+async def test_long_work_that_reports_progress_keeps_its_entry(
+    redis: Redis, engine: AsyncEngine, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    deadline = {"RIG_ENTRY_DEADLINE_MS": str(int(DEADLINE_S * 1000))}
+    env = conductor_env(
+        [HUNG[0], HEALTHY[0]],
+        RIG_AGENT_DOWN_MS="60000",
+        RIG_SCAN_INTERVAL_S=str(SCAN_S),
+        **deadline,
+    )
+    async with (
+        serve(redis_url, database_url, **env) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(
+            redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out), **deadline}
+        ) as fleet:
+            worker = fleet.start(
+                *HUNG,
+                handler="tests.e2e.handlers:slow",
+                E2E_SLOW_ISSUES="rc-long",
+                E2E_SLOW_S=str(3 * DEADLINE_S),  # three deadlines long
+                E2E_PROGRESS_S="0.5",
+            )
+            await wait_for(lambda: heard_from(api, worker.consumer), within=30)
+            entry = await dispatch(api, "rc-long", {})
+
+            async def started() -> bool:
+                return any(
+                    kind == "WORK_STARTED" for kind, _, _ in await work_events(engine, entry)
+                )
+
+            await wait_for(started, within=15)
+            other = fleet.start(*HEALTHY)  # a target the reaper could move it to
+            await wait_for(lambda: heard_from(api, other.consumer), within=30)
+
+            async def done() -> bool:
+                return entry in await accepted_completions(engine)
+
+            await wait_for(done, within=30)
+            codes = fleet.stop_all()
+        assert "Reclaimed" not in conductor.stderr
+
+    assert set(codes.values()) == {0}
+    (completion,) = (await accepted_completions(engine))[entry]
+    assert (completion.consumer, completion.attempt) == (worker.consumer, 1)
+    progress = [kind for kind, _, fenced in await work_events(engine, entry) if not fenced]
+    assert progress.count("WORK_PROGRESS") >= 10
