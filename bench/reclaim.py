@@ -590,7 +590,7 @@ class LineCounter(logging.Filter):
     count = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
-        self.count += 1
+        self.count += len(logs.messages(record))  # a page of moves is one record
         return True
 
 
@@ -608,7 +608,7 @@ def log_level(info: bool) -> Iterator[None]:
     handler = logging.FileHandler(os.devnull)
     LINES.count = 0
     handler.addFilter(LINES)
-    handler.setFormatter(logging.Formatter(logs.config("text")["formatters"]["text"]["format"]))
+    handler.setFormatter(logs.TextFormatter())
     logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     logger.propagate = False

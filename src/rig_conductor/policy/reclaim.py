@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from rig_conductor.domain import (
     AgentId,
@@ -35,6 +35,8 @@ from rig_conductor.domain import (
 from rig_conductor.policy.liveness import DownReason, Fleet, TargetCandidate
 
 Reason = Literal["pod-gone", "down", "degraded", "stalled", "manual"]
+PoolKey = tuple[bool, ConsumerName]  # (healthy targets only, the owner left out or "")
+T = TypeVar("T")
 # The order in which a move's reason is named: the first that applies.
 REASONS: tuple[Reason, ...] = ("pod-gone", "down", "degraded", "stalled", "manual")
 
@@ -258,6 +260,41 @@ class Spread:
     def took(self, consumer: ConsumerName, count: int) -> None:
         self._load[consumer] += count
 
+    def pool_key(self, rule: OwnerRule) -> PoolKey:
+        """Owners with the same key share one pool of targets: healthy-only or not, and the
+        owner itself left out when it is a target too (an alive owner of stalled entries)."""
+        excluded = rule.owner if rule.owner in self._load else ConsumerName("")
+        return (rule.healthy_only, excluded)
+
+    def assign(
+        self, key: PoolKey, runs: Sequence[tuple[ConsumerName, Sequence[T]]]
+    ) -> list[tuple[ConsumerName, ConsumerName, list[T]]]:
+        """Water-fill the items of `runs` (owner, items) over the pool `key` as one lot, and
+        cut them into contiguous stretches: one (owner, target, items) per stretch, counted as
+        given. Filling per entry or per lot ends at the same loads; per lot, each owner's
+        entries go to few targets, so a move is a few large XCLAIMs, not one per target.
+        Empty when the pool has no target."""
+        total = sum(len(items) for _, items in runs)
+        shares = iter(self.share(total, owner=key[1], healthy_only=key[0]))
+        stretches: list[tuple[ConsumerName, ConsumerName, list[T]]] = []
+        target: TargetCandidate | None = None
+        left = 0
+        for owner, items in runs:
+            start = 0
+            while start < len(items):
+                while left == 0:
+                    found = next(shares, None)
+                    if found is None:
+                        return stretches
+                    target, left = found
+                assert target is not None
+                take = min(left, len(items) - start)
+                stretches.append((owner, target.consumer, list(items[start : start + take])))
+                self.took(target.consumer, take)
+                left -= take
+                start += take
+        return stretches
+
 
 class Move(NamedTuple):
     entry: PendingEntry
@@ -280,7 +317,8 @@ class ReclaimPlan:
 
 
 def plan_reclaims(assessment: GroupAssessment, entries: Iterable[PendingEntry]) -> ReclaimPlan:
-    """Apply the group's owner rules and the spread to `entries`, owner by owner in rule order.
+    """Apply the group's owner rules and the spread to `entries` as one lot per pool of
+    targets, owners in rule order.
 
     Entries of owners without a rule are left alone. Dead letters carry the count that decided
     it (the larger of deliveries and recorded attempts).
@@ -290,26 +328,23 @@ def plan_reclaims(assessment: GroupAssessment, entries: Iterable[PendingEntry]) 
         if entry.consumer in assessment.rules:
             by_owner.setdefault(entry.consumer, []).append(entry)
     spread = assessment.spread()
-    moves: list[Move] = []
     dead: list[PendingEntry] = []
-    stuck: list[PendingEntry] = []
+    pools: dict[PoolKey, list[tuple[ConsumerName, list[PendingEntry]]]] = {}
     for owner, rule in assessment.rules.items():
-        movable: list[PendingEntry] = []
-        for entry in by_owner.get(owner, ()):
-            decision = rule.decide(entry)
-            if decision == "dead":
-                dead.append(entry._replace(deliveries=rule.deliveries(entry)))
-            elif decision == "move":
-                movable.append(entry)
-        shares = spread.share(len(movable), owner=owner, healthy_only=rule.healthy_only)
-        if not shares:
-            stuck.extend(movable)
-            continue
-        start = 0
-        for target, count in shares:
-            moves.extend(
-                Move(e, target.consumer, rule.reason) for e in movable[start : start + count]
-            )
-            spread.took(target.consumer, count)
-            start += count
+        movable = [e for e in by_owner.get(owner, ()) if rule.decide(e) == "move"]
+        dead += [
+            e._replace(deliveries=rule.deliveries(e))
+            for e in by_owner.get(owner, ())
+            if rule.decide(e) == "dead"
+        ]
+        if movable:
+            pools.setdefault(spread.pool_key(rule), []).append((owner, movable))
+    moves: list[Move] = []
+    stuck: list[PendingEntry] = []
+    for key, runs in pools.items():
+        stretches = spread.assign(key, runs)
+        for owner, target, items in stretches:
+            moves.extend(Move(e, target, assessment.rules[owner].reason) for e in items)
+        if not stretches:
+            stuck.extend(e for _, items in runs for e in items)
     return ReclaimPlan(assessment, tuple(moves), tuple(dead), tuple(stuck))

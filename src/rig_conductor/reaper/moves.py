@@ -2,14 +2,16 @@
 
 Each round sorts the next page of every acting owner's pending list in one round trip
 (`redis_streams.sweep_pages`), lets the policy's `Spread` divide what may move among the
-targets, and claims each target's share with one guarded XCLAIM, all in a second round trip.
-The spread counts each share as soon as it is given, and takes back what the guard left in
-place, so an entry that did not move does not weigh on its target. Decides nothing itself:
+targets, one lot per pool of targets, and claims each stretch of an owner's entries for a
+target with one guarded XCLAIM, all in a second round trip. The spread counts each share as
+soon as it is given, and takes back what the guard left in place, so an entry that did not
+move does not weigh on its target. Decides nothing itself:
 the rules and the spread are `policy.reclaim`'s.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -35,6 +37,35 @@ class GroupSweep:
     @property
     def reclaimed(self) -> int:
         return sum(len(ids) for ids in self.moved.values())
+
+
+def _claims(
+    pages: dict[ConsumerName, redis_streams.SweptPage],
+    rules: Mapping[ConsumerName, reclaim.OwnerRule],
+    spread: reclaim.Spread,
+    result: GroupSweep,
+) -> tuple[list[ConsumerName], list[redis_streams.ClaimBatch]]:
+    """One round's XCLAIMs: the pages' movable entries spread one lot per pool of targets, a
+    batch per stretch of one owner's entries for one target. Worn entries and entries without
+    a target are noted in `result`."""
+    owners: list[ConsumerName] = []
+    batches: list[redis_streams.ClaimBatch] = []
+    pools: dict[reclaim.PoolKey, list[tuple[ConsumerName, list[EntryId]]]] = {}
+    for owner, page in pages.items():
+        rule = rules[owner]
+        result.worn.extend(e._replace(deliveries=rule.deliveries(e)) for e in page.worn)
+        if page.movable:
+            pools.setdefault(spread.pool_key(rule), []).append((owner, page.movable))
+    for key, runs in pools.items():
+        stretches = spread.assign(key, runs)
+        if not stretches:
+            for owner, ids in runs:
+                result.no_target[owner] = result.no_target.get(owner, 0) + len(ids)
+        for owner, target, ids in stretches:
+            least = pages[owner].least_idle_ms  # the guard: the least idle this page saw
+            batches.append(redis_streams.ClaimBatch(target, least, ids))
+            owners.append(owner)
+    return owners, batches
 
 
 def sweep_rule(rule: reclaim.OwnerRule) -> redis_streams.SweepRule:
@@ -65,21 +96,7 @@ async def sweep_group(
         pages = await redis_streams.sweep_pages(
             redis, stream=stream, group=group, pages=cursors, page_size=page_size
         )
-        batches: list[redis_streams.ClaimBatch] = []
-        owners: list[ConsumerName] = []
-        for owner, page in pages.items():
-            rule = rules[owner]
-            result.worn.extend(e._replace(deliveries=rule.deliveries(e)) for e in page.worn)
-            shares = spread.share(len(page.movable), owner=owner, healthy_only=rule.healthy_only)
-            if page.movable and not shares:
-                result.no_target[owner] = result.no_target.get(owner, 0) + len(page.movable)
-            start = 0
-            for target, count in shares:
-                ids = page.movable[start : start + count]
-                batches.append(redis_streams.ClaimBatch(target.consumer, page.least_idle_ms, ids))
-                owners.append(owner)
-                spread.took(target.consumer, count)  # the next owner's share counts these
-                start += count
+        owners, batches = _claims(pages, rules, spread, result)
         if dry_run:
             claimed = [list(batch.ids) for batch in batches]
         else:
