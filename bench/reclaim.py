@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from common import BenchError, ensure_database
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import migrations, queries
 from rig_conductor.domain import AgentId, ConsumerName
@@ -564,7 +564,7 @@ async def run_quiet(bench: Bench, consumers: int, cases: Sequence[int]) -> list[
     """Warm up, then alternate the cases so load from elsewhere hits them alike."""
     streams = await build_quiet_set(bench, consumers, cases)
     results = [QuietResult(consumers, pending, []) for pending in cases]
-    with log_level(False), counting(redis_streams, "sweep_pages") as pending_reads:
+    with log_level(False), counting(redis_sweep, "sweep_pages") as pending_reads:
         for attempt in range(QUIET_RUNS + 1):
             for stream, result in zip(streams, results, strict=True):
                 settings = bench.settings(stream, QUIET_AGENTS, QUIET_STALE_MS)
@@ -817,10 +817,9 @@ def phase_timer() -> Iterator[dict[str, float]]:
         redis_streams: (
             "resolve_streams",
             "describe_groups",
-            "sweep_pages",
-            "claim",
             "dead_letter",
         ),
+        redis_sweep: ("sweep_pages", "claim"),
         queries: ("load_evidence", "append_events"),
         getattr(postgres, "work", None): ("load_work_evidence", "reclaimed", "dead_lettered"),
     }

@@ -8,7 +8,7 @@ import logging
 import pytest
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 
 from .helpers import fill, owners, read, register
@@ -110,16 +110,16 @@ async def _pending(redis: Redis, consumer: str, min_idle: int = 0) -> list[Pendi
 
 async def _sweep(redis: Redis, target: str, owner: str) -> list[str]:
     """Everything `owner` holds, sorted page by page and claimed to `target`; the ids moved."""
-    rule = redis_streams.SweepRule(ConsumerName(owner), min_idle_ms=0, max_deliveries=10)
+    rule = redis_sweep.SweepRule(ConsumerName(owner), min_idle_ms=0, max_deliveries=10)
     moved: list[str] = []
     start: str | None = "-"
     while start is not None:
-        pages = await redis_streams.sweep_pages(
+        pages = await redis_sweep.sweep_pages(
             redis, stream=S, group=G, pages={rule.owner: (rule, start)}
         )
         page = pages[rule.owner]
-        batch = redis_streams.ClaimBatch(ConsumerName(target), page.least_idle_ms, page.movable)
-        [claimed] = await redis_streams.claim(redis, stream=S, group=G, batches=[batch])
+        batch = redis_sweep.ClaimBatch(ConsumerName(target), page.least_idle_ms, page.movable)
+        [claimed] = await redis_sweep.claim(redis, stream=S, group=G, batches=[batch])
         moved += claimed
         start = page.next_start
     return moved

@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.domain import ConsumerName, GroupInfo, PendingEntry, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
@@ -207,7 +207,7 @@ def _log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> 
         return
     stream, group = assessment.stream, assessment.group
     agents = {t.consumer: t.agent for t in assessment.targets}
-    page = redis_streams.SWEEP_PAGE
+    page = redis_sweep.SWEEP_PAGE
     for (owner, target), ids in swept.moved.items():
         rule = assessment.rules[owner]
         common = {
@@ -235,7 +235,7 @@ def _reclaim_rows(
     """
     agents = {t.consumer: t.agent for t in assessment.targets}
     rows: list[queries.EventRow] = []
-    page = redis_streams.SWEEP_PAGE
+    page = redis_sweep.SWEEP_PAGE
     for (owner, target), ids in swept.moved.items():
         rule = assessment.rules[owner]
         last_beat = rule.last_heartbeat_at

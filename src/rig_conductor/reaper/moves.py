@@ -1,7 +1,7 @@
 """The moves of one group: owner rules applied in Redis page by page, spread, then claimed.
 
 Each round sorts the next page of every acting owner's pending list in one round trip
-(`redis_streams.sweep_pages`), lets the policy's `Spread` divide what may move among the
+(`redis_sweep.sweep_pages`), lets the policy's `Spread` divide what may move among the
 targets, one lot per pool of targets, and claims each stretch of an owner's entries for a
 target with one guarded XCLAIM, all in a second round trip. The spread counts each share as
 soon as it is given, and takes back what the guard left in place, so an entry that did not
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_sweep
 from rig_conductor.domain import ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
 
@@ -40,16 +40,16 @@ class GroupSweep:
 
 
 def _claims(
-    pages: dict[ConsumerName, redis_streams.SweptPage],
+    pages: dict[ConsumerName, redis_sweep.SweptPage],
     rules: Mapping[ConsumerName, reclaim.OwnerRule],
     spread: reclaim.Spread,
     result: GroupSweep,
-) -> tuple[list[ConsumerName], list[redis_streams.ClaimBatch]]:
+) -> tuple[list[ConsumerName], list[redis_sweep.ClaimBatch]]:
     """One round's XCLAIMs: the pages' movable entries spread one lot per pool of targets, a
     batch per stretch of one owner's entries for one target. Worn entries and entries without
     a target are noted in `result`."""
     owners: list[ConsumerName] = []
-    batches: list[redis_streams.ClaimBatch] = []
+    batches: list[redis_sweep.ClaimBatch] = []
     pools: dict[reclaim.PoolKey, list[tuple[ConsumerName, list[EntryId]]]] = {}
     for owner, page in pages.items():
         rule = rules[owner]
@@ -63,13 +63,13 @@ def _claims(
                 result.no_target[owner] = result.no_target.get(owner, 0) + len(ids)
         for owner, target, ids in stretches:
             least = pages[owner].least_idle_ms  # the guard: the least idle this page saw
-            batches.append(redis_streams.ClaimBatch(target, least, ids))
+            batches.append(redis_sweep.ClaimBatch(target, least, ids))
             owners.append(owner)
     return owners, batches
 
 
-def sweep_rule(rule: reclaim.OwnerRule) -> redis_streams.SweepRule:
-    return redis_streams.SweepRule(
+def sweep_rule(rule: reclaim.OwnerRule) -> redis_sweep.SweepRule:
+    return redis_sweep.SweepRule(
         rule.owner,
         rule.min_idle_ms,
         rule.max_deliveries,
@@ -84,7 +84,7 @@ async def sweep_group(
     assessment: reclaim.GroupAssessment,
     *,
     dry_run: bool,
-    page_size: int = redis_streams.SWEEP_PAGE,
+    page_size: int = redis_sweep.SWEEP_PAGE,
 ) -> GroupSweep:
     """Apply every owner rule of `assessment` to its whole pending list."""
     stream, group = assessment.stream, assessment.group
@@ -93,14 +93,14 @@ async def sweep_group(
     result = GroupSweep()
     cursors = {owner: (sweep_rule(rule), "-") for owner, rule in rules.items()}
     while cursors:
-        pages = await redis_streams.sweep_pages(
+        pages = await redis_sweep.sweep_pages(
             redis, stream=stream, group=group, pages=cursors, page_size=page_size
         )
         owners, batches = _claims(pages, rules, spread, result)
         if dry_run:
             claimed = [list(batch.ids) for batch in batches]
         else:
-            claimed = await redis_streams.claim(redis, stream=stream, group=group, batches=batches)
+            claimed = await redis_sweep.claim(redis, stream=stream, group=group, batches=batches)
         for owner, batch, ids in zip(owners, batches, claimed, strict=True):
             left = len(batch.ids) - len(ids)
             spread.took(batch.target, -left)  # the guard left these where they were

@@ -7,7 +7,6 @@
   UNKNOWN for every consumer, never GONE, so a failed call cannot cause a mass reclaim.
 - `PodWatch` watches the same pods in a worker thread and calls `on_gone(pod_name)` on the event
   loop as soon as a pod is deleted or finishes, for a targeted reclaim between scans.
-- `sweep_consumers` deletes consumers whose pod is gone and that hold nothing (`policy.hygiene`).
 
 The rules (Reaper rules 3-4 of the contract):
 - a pod that exists and is Pending or Running is LIVE, also while terminating (deletionTimestamp
@@ -36,14 +35,11 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
-from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import kubernetes, redis_streams
+from rig_conductor.adapters import kubernetes
 from rig_conductor.adapters.postgres import pods as pods_seen
-from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodName, PodState
-from rig_conductor.policy import hygiene
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -441,74 +437,3 @@ class PodWatch:
         quick = time.monotonic() - started < 1.0
         if quick and not self._received and not self._stopping.is_set():
             raise kubernetes.KubernetesUnavailable("the watch closed as soon as it opened")
-
-
-# --- consumer hygiene ----------------------------------------------------------------------
-
-
-async def delete_consumers(
-    client: Redis, *, removals: Sequence[hygiene.ConsumerRemoval]
-) -> list[hygiene.ConsumerRemoval]:
-    """XGROUP DELCONSUMER each consumer that still holds nothing; returns the ones deleted.
-
-    A consumer that received an entry since the plan was made is refused atomically (see
-    `redis_streams.delete_empty_consumers`); a group or stream deleted meanwhile is skipped.
-    """
-    outcomes = await redis_streams.delete_empty_consumers(
-        client, consumers=[(r.stream, r.group, r.consumer) for r in removals]
-    )
-    deleted: list[hygiene.ConsumerRemoval] = []
-    for removal, outcome in zip(removals, outcomes, strict=True):
-        if outcome is None:
-            deleted.append(removal)
-        else:
-            logger.info(
-                "Consumer %s of %s/%s not deleted: %s",
-                removal.consumer,
-                removal.stream,
-                removal.group,
-                outcome,
-            )
-    return deleted
-
-
-async def sweep_consumers(
-    *,
-    redis: Redis,
-    engine: AsyncEngine,
-    settings: Settings,
-    pods: Mapping[ConsumerName, PodState],
-    dry_run: bool | None = None,
-) -> list[hygiene.ConsumerRemoval]:
-    """Delete the consumers `policy.hygiene` finds removable; returns them (planned, in a dry run).
-
-    Use the `pods` mapping of the same scan. Without any GONE pod it does nothing at all.
-    """
-    if not any(state is PodState.GONE for state in pods.values()):
-        return []
-    dry_run = settings.dry_run if dry_run is None else dry_run
-    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
-    groups = await redis_streams.describe_groups(redis, streams=streams)
-    evidence = await queries.load_evidence(
-        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
-    )
-    plan = hygiene.plan_removals(groups, evidence, settings.limits)
-    done = plan if dry_run else await delete_consumers(redis, removals=plan)
-    verb = "DRY RUN: would delete" if dry_run else "Deleted"
-    for removal in done:
-        logger.info(
-            "[ConsumerHygiene] %s consumer %s of %s/%s: pod gone, no fresh heartbeat, "
-            "nothing pending, idle %d ms",
-            verb,
-            removal.consumer,
-            removal.stream,
-            removal.group,
-            removal.idle_ms,
-            extra={
-                "stream": removal.stream,
-                "group": removal.group,
-                "consumer": removal.consumer,
-                "agent": removal.agent,
-            },
-        )
-    return done

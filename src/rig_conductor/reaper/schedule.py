@@ -26,7 +26,7 @@ from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.metrics import Metrics
-from rig_conductor.reaper import cycle, leader, observe, podwatch
+from rig_conductor.reaper import cleanup, cycle, leader, observe, podwatch
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class ReaperService:
                     detector=self._detector,
                 )
                 if pods and not report.dry_run:
-                    await podwatch.sweep_consumers(
+                    await cleanup.sweep_consumers(
                         redis=self._redis, engine=self._engine, settings=self._settings, pods=pods
                     )
             except Exception:

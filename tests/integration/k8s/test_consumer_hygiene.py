@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName, GroupName, StreamKey
 from rig_conductor.policy.hygiene import ConsumerRemoval
-from rig_conductor.reaper.podwatch import PodLiveness, delete_consumers, sweep_consumers
+from rig_conductor.reaper.cleanup import delete_consumers, sweep_consumers
+from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
 from ..helpers import fill, read, register

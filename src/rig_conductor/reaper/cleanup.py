@@ -1,0 +1,89 @@
+"""Consumer hygiene after a scan: delete the consumers whose pod is gone and that hold nothing.
+
+Which consumers qualify is `policy.hygiene`'s decision; this module reads what it needs, has
+Redis delete them (guarded against an entry arriving meanwhile) and logs `[ConsumerHygiene]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.policy import hygiene
+from rig_conductor.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+async def delete_consumers(
+    client: Redis, *, removals: Sequence[hygiene.ConsumerRemoval]
+) -> list[hygiene.ConsumerRemoval]:
+    """XGROUP DELCONSUMER each consumer that still holds nothing; returns the ones deleted.
+
+    A consumer that received an entry since the plan was made is refused atomically (see
+    `redis_streams.delete_empty_consumers`); a group or stream deleted meanwhile is skipped.
+    """
+    outcomes = await redis_streams.delete_empty_consumers(
+        client, consumers=[(r.stream, r.group, r.consumer) for r in removals]
+    )
+    deleted: list[hygiene.ConsumerRemoval] = []
+    for removal, outcome in zip(removals, outcomes, strict=True):
+        if outcome is None:
+            deleted.append(removal)
+        else:
+            logger.info(
+                "Consumer %s of %s/%s not deleted: %s",
+                removal.consumer,
+                removal.stream,
+                removal.group,
+                outcome,
+            )
+    return deleted
+
+
+async def sweep_consumers(
+    *,
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Settings,
+    pods: Mapping[ConsumerName, PodState],
+    dry_run: bool | None = None,
+) -> list[hygiene.ConsumerRemoval]:
+    """Delete the consumers `policy.hygiene` finds removable; returns them (planned, in a dry run).
+
+    Use the `pods` mapping of the same scan. Without any GONE pod it does nothing at all.
+    """
+    if not any(state in (PodState.GONE, PodState.ABSENT) for state in pods.values()):
+        return []
+    dry_run = settings.dry_run if dry_run is None else dry_run
+    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
+    groups = await redis_streams.describe_groups(redis, streams=streams)
+    evidence = await queries.load_evidence(
+        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
+    )
+    plan = hygiene.plan_removals(groups, evidence, settings.limits)
+    done = plan if dry_run else await delete_consumers(redis, removals=plan)
+    verb = "DRY RUN: would delete" if dry_run else "Deleted"
+    for removal in done:
+        logger.info(
+            "[ConsumerHygiene] %s consumer %s of %s/%s: pod gone, no fresh heartbeat, "
+            "nothing pending, idle %d ms",
+            verb,
+            removal.consumer,
+            removal.stream,
+            removal.group,
+            removal.idle_ms,
+            extra={
+                "stream": removal.stream,
+                "group": removal.group,
+                "consumer": removal.consumer,
+                "agent": removal.agent,
+            },
+        )
+    return done
