@@ -26,11 +26,12 @@ WORKDIR /build
 
 # pyproject.toml maps migrations/ into the wheel (rig_conductor._migrations),
 # so the builder needs it next to src/.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY src/ src/
 COPY migrations/ migrations/
 
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# constraints.txt: the versions CI tested (make lock).
+RUN pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels .
 
 
 FROM ${PYTHON_IMAGE} AS runtime
@@ -59,9 +60,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The wheels are bind-mounted from the builder stage, so they never become a
 # layer of this image. pip compiles the installed modules to bytecode here, at
 # build time, so nothing needs to be written at run time.
+# The kubernetes client ships an asyncio copy of itself (kubernetes.aio, about 70 MB) that
+# nothing here imports, and pip and setuptools have no use once the wheels are in: all three
+# go in the same step, so no layer keeps them.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
     && pip check \
+    && python -c "import kubernetes, pathlib, shutil; shutil.rmtree(pathlib.Path(kubernetes.__file__).parent / 'aio')" \
+    && pip uninstall --yes --quiet pip setuptools \
     && groupadd --gid 10001 rig \
     && useradd --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin rig

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test test-unit test-install lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: install run test test-unit test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -20,7 +20,7 @@ run: install
 
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
-	$(BIN)/python -m pytest --ignore=tests/install
+	$(BIN)/python -m pytest --ignore=tests/install --ignore=tests/image
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -55,6 +55,14 @@ chaos-quick: install
 ## Helm chart and Dockerfile checks with the real helm, kubernetes-validate and hadolint.
 chart:
 	scripts/check-chart.sh
+
+## The container image without a Docker daemon (buildah; see scripts/build-image.sh).
+image:
+	scripts/build-image.sh
+
+## The image built and run hardened against the real servers, with agents on the host.
+test-image: install
+	$(BIN)/python -m pytest tests/image
 
 ## constraints.txt: every version a fresh `.[dev]` install resolves to today (CI, image, release).
 lock:

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Build the rig-conductor image from the Dockerfile without a Docker daemon or a registry:
+# a Debian bookworm base made with mmdebstrap (cached), then buildah with chroot isolation.
+#
+#   scripts/build-image.sh [IMAGE]        (default localhost/rig-conductor:dev)
+#
+# With Docker instead: docker build -t rig-conductor .  (the Dockerfile's default base).
+# Needs Debian's buildah, podman, mmdebstrap and runc (.ci/run installs them), and root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+IMAGE=${1:-localhost/rig-conductor:dev}
+CACHE=${RIG_IMAGE_CACHE:-/var/cache/rig-conductor}
+BASE_TAR="${CACHE}/base-bookworm-python3.tar"
+BASE_IMAGE=localhost/rig-python-base:bookworm
+mkdir -p "${CACHE}"
+
+# A private containers.conf: runc (crun fails on this kernel's hybrid cgroups), cgroupfs, and
+# file limits a Python service needs.
+export CONTAINERS_CONF="${CACHE}/containers.conf"
+cat > "${CONTAINERS_CONF}" <<'CONF'
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+CONF
+
+# The base: Debian's python3 in a venv at /usr/local/python, without docs, man pages or
+# locales. Cached: it changes only with Debian's bookworm packages.
+if [[ ! -s "${BASE_TAR}" ]]; then
+    echo "building the base rootfs (mmdebstrap, bookworm minbase + python3)"
+    mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,passwd,ca-certificates \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/info/*' \
+        --customize-hook='chroot "$1" python3 -m venv /usr/local/python' \
+        --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
+        bookworm "${BASE_TAR}.part"
+    mv "${BASE_TAR}.part" "${BASE_TAR}"
+fi
+if ! podman image exists "${BASE_IMAGE}"; then
+    podman import \
+        --change 'ENV PATH=/usr/local/python/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        "${BASE_TAR}" "${BASE_IMAGE}" >/dev/null
+fi
+
+# pip inside the build reaches the package index as the host does: with the host's CA
+# bundle, through a pip config mounted for the build only (nothing of it is in the image).
+PIP_CONF=$(mktemp)
+trap 'rm -f "${PIP_CONF}"' EXIT
+printf '[global]\ncert = /etc/ssl/certs/rig-build-ca.crt\n' > "${PIP_CONF}"
+
+# No layer cache: with layers, RUN --mount=type=bind,from=builder fails on a cached stage
+# (buildah#4375).
+buildah bud --isolation chroot --network host --pull-never --layers=false --format docker \
+    --volume "${PIP_CONF}:/etc/pip.conf:ro" \
+    --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/rig-build-ca.crt:ro \
+    --build-arg PYTHON_IMAGE="${BASE_IMAGE}" \
+    --build-arg VERSION="$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')" \
+    --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+    --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    --tag "${IMAGE}" .
+podman image inspect --format '{{.Size}}' "${IMAGE}" \
+    | awk -v image="${IMAGE}" '{ printf "built %s: %.0f MB\n", image, $1 / 1e6 }'
