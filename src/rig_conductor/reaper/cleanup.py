@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState
 from rig_conductor.policy import hygiene
 from rig_conductor.settings import Settings
 
@@ -47,27 +47,17 @@ async def delete_consumers(
     return deleted
 
 
-async def sweep_consumers(
+async def remove_consumers(
     *,
     redis: Redis,
-    engine: AsyncEngine,
-    settings: Settings,
-    pods: Mapping[ConsumerName, PodState],
-    dry_run: bool | None = None,
+    groups: Sequence[GroupInfo],
+    evidence: Evidence,
+    limits: Limits,
+    dry_run: bool = False,
 ) -> list[hygiene.ConsumerRemoval]:
-    """Delete the consumers `policy.hygiene` finds removable; returns them (planned, in a dry run).
-
-    Use the `pods` mapping of the same scan. Without any GONE pod it does nothing at all.
-    """
-    if not any(state in (PodState.GONE, PodState.ABSENT) for state in pods.values()):
-        return []
-    dry_run = settings.dry_run if dry_run is None else dry_run
-    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
-    groups = await redis_streams.describe_groups(redis, streams=streams)
-    evidence = await queries.load_evidence(
-        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
-    )
-    plan = hygiene.plan_removals(groups, evidence, settings.limits)
+    """Delete the consumers `policy.hygiene` finds removable in the scan's own reading of the
+    groups and the evidence; returns them (planned, in a dry run). Reads nothing itself."""
+    plan = hygiene.plan_removals(list(groups), evidence, limits)
     done = plan if dry_run else await delete_consumers(redis, removals=plan)
     verb = "DRY RUN: would delete" if dry_run else "Deleted"
     for removal in done:
@@ -87,3 +77,31 @@ async def sweep_consumers(
             },
         )
     return done
+
+
+async def sweep_consumers(
+    *,
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Settings,
+    pods: Mapping[ConsumerName, PodState],
+    dry_run: bool | None = None,
+) -> list[hygiene.ConsumerRemoval]:
+    """`remove_consumers` on a reading of its own, for a clean-up outside a scan.
+
+    Use the `pods` mapping of the same moment. Without any gone pod it does nothing at all.
+    """
+    if not any(state in (PodState.GONE, PodState.ABSENT) for state in pods.values()):
+        return []
+    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
+    groups = await redis_streams.describe_groups(redis, streams=streams)
+    evidence = await queries.load_evidence(
+        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
+    )
+    return await remove_consumers(
+        redis=redis,
+        groups=groups,
+        evidence=evidence,
+        limits=settings.limits,
+        dry_run=settings.dry_run if dry_run is None else dry_run,
+    )

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -24,7 +25,7 @@ from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.domain import ConsumerName, GroupInfo, PendingEntry, PodState
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import liveness, reclaim
-from rig_conductor.reaper import moves, observe
+from rig_conductor.reaper import cleanup, moves, observe
 from rig_conductor.reaper.report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
 
@@ -48,12 +49,18 @@ async def reap_once(
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
     probe: Probe | None = None,
+    hygiene: bool = False,
 ) -> ScanReport:
     """Scan every group of every configured stream once. Raises on Redis or Postgres failure.
 
     With `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
-    `probe`, consumers holding entries that `pods` says nothing about are looked up by name.
+    `probe`, consumers holding entries that `pods` says nothing about are looked up by name;
+    with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
+
+    Redis's groups and consumers are read once (one XINFO pass) and the heartbeats once: the
+    moves, the dead letters, the gauges, the detector and the clean-up all work from that
+    reading, the counts corrected by what the scan itself moved.
     """
     started = time.perf_counter()
     limits = settings.limits
@@ -103,9 +110,11 @@ async def reap_once(
         if outcome.reclaimed or outcome.dead_lettered or outcome.no_target or outcome.degraded_held:
             report.add(outcome)
     # Report.
-    if (report.reclaimed or report.dead_lettered) and not report.dry_run:
-        # Gauges and the detector describe what is left after the moves.
-        groups = await redis_streams.describe_groups(redis, streams=streams)
+    if not report.dry_run:
+        # Gauges, the detector and the clean-up describe what is left after the moves.
+        groups = _after_moves(groups, report.per_group)
+    if hygiene and pods and not report.dry_run:
+        await cleanup.remove_consumers(redis=redis, groups=groups, evidence=evidence, limits=limits)
     report.without_heartbeat = await observe.observe(
         groups=groups,
         fleet=fleet,
@@ -116,6 +125,25 @@ async def reap_once(
     )
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     return report
+
+
+def _after_moves(groups: list[GroupInfo], outcomes: list[GroupOutcome]) -> list[GroupInfo]:
+    """The groups as the scan left them: pending counts moved from owners to targets, dead
+    letters gone. The oldest entry stays as read (a move makes it younger only)."""
+    changes = {(o.stream, o.group): o for o in outcomes if o.changes}
+    after: list[GroupInfo] = []
+    for group in groups:
+        outcome = changes.get((group.stream, group.name))
+        if outcome is None:
+            after.append(group)
+            continue
+        consumers = tuple(
+            replace(c, pending=max(0, c.pending + outcome.changes.get(c.name, 0)))
+            for c in group.consumers
+        )
+        pending = max(0, group.pending - outcome.dead_lettered)
+        after.append(replace(group, pending=pending, consumers=consumers))
+    return after
 
 
 def _unexplained(
@@ -148,6 +176,9 @@ async def _apply(
     if swept.worn:
         dead = await _dead_letter(assessment, swept.worn, redis=redis)
         outcome.dead_lettered = len(dead)
+        owners = {entry.id: entry.consumer for entry in swept.worn}
+        for item in dead:
+            outcome.changes[owners[item.entry_id]] -= 1
         outcome.skipped += len(swept.worn) - len(dead)
         rows += _dead_letter_rows(assessment, swept.worn, dead)
     if swept.skipped:
@@ -194,6 +225,8 @@ def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> Gr
     for (owner, target), ids in swept.moved.items():
         outcome.targets[target] = outcome.targets.get(target, 0) + len(ids)
         outcome.by_reason[assessment.rules[owner].reason] += len(ids)
+        outcome.changes[owner] -= len(ids)
+        outcome.changes[target] += len(ids)
     outcome.reclaimed = swept.reclaimed
     outcome.no_target = sum(swept.no_target.values())
     outcome.degraded_held = sum(assessment.held.values())

@@ -21,6 +21,8 @@ class GroupOutcome:
     no_target: int = 0
     degraded_held: int = 0
     skipped: int = 0
+    # How many pending entries each consumer gained (or lost, negative): not in the JSON.
+    changes: Counter[str] = field(default_factory=Counter, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {

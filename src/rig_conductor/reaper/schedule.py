@@ -26,7 +26,7 @@ from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.metrics import Metrics
-from rig_conductor.reaper import cleanup, cycle, leader, observe, podwatch
+from rig_conductor.reaper import cycle, leader, observe, podwatch
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -120,13 +120,10 @@ class ReaperService:
                     dry_run=dry_run,
                     pods=pods,
                     probe=self._pods.probe if self._pods is not None else None,
+                    hygiene=self._pods is not None,
                     metrics=self._metrics,
                     detector=self._detector,
                 )
-                if pods and not report.dry_run:
-                    await cleanup.sweep_consumers(
-                        redis=self._redis, engine=self._engine, settings=self._settings, pods=pods
-                    )
             except Exception:
                 self._record("error", started)
                 raise

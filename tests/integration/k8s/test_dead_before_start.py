@@ -18,7 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName, PodState
-from rig_conductor.reaper import cycle
+from rig_conductor.metrics import Metrics
+from rig_conductor.reaper import cycle, observe
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
@@ -154,3 +155,42 @@ async def test_what_one_leader_saw_the_next_one_knows(
     assert report.reclaimed == 4 and report.by_reason == {"pod-gone": 4}
     assert kube.count("pod-get") == 0  # PostgreSQL knew it: no GET needed
     assert (await successor.probe([ConsumerName(DEAD)])) == {DEAD: PodState.GONE}
+
+
+async def test_a_scan_with_kubernetes_reads_the_world_once(
+    redis: Redis,
+    engine: AsyncEngine,
+    kube: KubeStandIn,
+    api: client.ApiClient,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Moves, gauges, the detector and the consumer clean-up all work from one XINFO pass and
+    one evidence query."""
+    await three_pods(redis, engine, kube)
+    evidence_reads: list[object] = []
+    load = queries.load_evidence
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        evidence_reads.append(kwargs)
+        return await load(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(queries, "load_evidence", counted)
+    pods = liveness(api, settings, engine)
+    await redis.config_resetstat()
+    report = await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        pods=await pods.scan(),
+        probe=pods.probe,
+        hygiene=True,
+        metrics=Metrics(),
+        detector=observe.Detector(),
+    )
+    assert report.reclaimed == 4
+    stats = await redis.info("commandstats")
+    # XINFO GROUPS and XINFO CONSUMERS once each (Redis 7 counts them apart, 6.2 together).
+    xinfo = sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_xinfo"))
+    assert xinfo == 2
+    assert len(evidence_reads) == 1
