@@ -92,10 +92,7 @@ class JsonFormatter(logging.Formatter):
         }
         lines: Lines | None = getattr(record, "rig_lines", None)
         if lines is not None:
-            return "\n".join(
-                json.dumps({**head, "message": m, **lines.fields(i)}, default=str)
-                for i, m in enumerate(lines.messages)
-            )
+            return _json_lines(head, lines)
         payload = {**head, "message": record.getMessage()}
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
@@ -103,6 +100,27 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             payload["exception"] = self.formatException(record.exc_info)
         return json.dumps(payload, default=str)
+
+
+def _json_lines(head: Mapping[str, Any], lines: Lines) -> str:
+    """A batch as JSON lines, each the object a record of its own would give: the parts every
+    line shares are encoded once, and per line only its sentence and its varying field."""
+    start = json.dumps(dict(head), default=str)[:-1] + ', "message": '
+    common = json.dumps(dict(lines.common), default=str)[1:-1]
+    rest = (", " + common if common else "") + "}"
+    if lines.varying is None:
+        return "\n".join(start + json.dumps(m) + rest for m in lines.messages)
+    name, values = lines.varying
+    if name in lines.common:  # the varying field replaces a shared one of the same name
+        return "\n".join(
+            json.dumps({**head, "message": m, **lines.fields(i)}, default=str)
+            for i, m in enumerate(lines.messages)
+        )
+    key = ", " + json.dumps(name) + ": "
+    return "\n".join(
+        start + json.dumps(m) + key + json.dumps(v, default=str) + rest
+        for m, v in zip(lines.messages, values, strict=True)
+    )
 
 
 class _Enqueue(logging.handlers.QueueHandler):
