@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_TIMEOUT: tuple[float, float] = (5.0, 15.0)
 LIST_PAGE = 500
 HTTP_NOT_FOUND = 404
-HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
 HTTP_GONE = 410
 
