@@ -15,7 +15,7 @@ from kubernetes.client import ApiClient
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import __version__
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_client
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.api import errors
@@ -42,7 +42,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = redis_streams.connect(settings.redis_url)
+        redis = redis_client.connect(settings)
+        topology = redis_client.Topology(redis, settings)
         engine = pg.create_engine(settings.sqlalchemy_url)
         heartbeats = HeartbeatWriter(
             settings.sqlalchemy_url,
@@ -58,7 +59,7 @@ def create_app(
             else None
         )
         reaper = ReaperService(
-            redis=redis,
+            redis=topology,
             engine=engine,
             settings=settings,
             metrics=metrics,
@@ -82,6 +83,7 @@ def create_app(
             scan,
             metrics,
             schema_head=migrations.head_revision(settings.sqlalchemy_url),
+            topology=topology,
         )
         heartbeats.start()
         if elector is not None:
@@ -101,6 +103,7 @@ def create_app(
             if elector is not None:
                 await elector.stop()  # hands leadership over at once
             await heartbeats.stop()
+            await topology.aclose()
             await redis.aclose()
             await engine.dispose()
             logger.info("Shut down cleanly")

@@ -102,6 +102,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         logger.warning(
             "DRY RUN: the reaper logs and counts its decisions and changes nothing in Redis"
         )
+    if (problem := _redis_access_problem(settings)) is not None:
+        logger.error("Refusing to start: %s", problem)
+        return EXIT_USAGE
     from rig_conductor.adapters import kubernetes
     from rig_conductor.reaper import podwatch
 
@@ -180,6 +183,9 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
     if (problem := _schema_problem(settings)) is not None:
         logger.error("%s", problem)
         return EXIT_USAGE
+    if (problem := _redis_access_problem(settings)) is not None:
+        logger.error("%s", problem)
+        return EXIT_USAGE
     try:
         report = asyncio.run(_scan(settings, dry_run))
     except Exception as exc:
@@ -190,35 +196,64 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def _scan(settings: Settings, dry_run: bool) -> ScanReport:
-    from rig_conductor.adapters import redis_streams
+    from rig_conductor.adapters import redis_client
     from rig_conductor.adapters.postgres import engine as pg
     from rig_conductor.reaper import cycle
 
-    redis = redis_streams.connect(settings.redis_url)
+    redis = redis_client.connect(settings)
+    topology = redis_client.Topology(redis, settings)
     engine = pg.create_engine(settings.sqlalchemy_url, pool_size=2)
     try:
-        return await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=dry_run)
+        return await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, dry_run=dry_run
+        )
     finally:
+        await topology.aclose()
         await redis.aclose()
         await engine.dispose()
 
 
-def _check(args: argparse.Namespace, settings: Settings) -> int:
-    from rig_conductor.adapters import redis_streams
+def _redis_access_problem(settings: Settings) -> str | None:
+    """One line naming a permission the conductor's Redis user lacks; None when it has them
+    all, or when Redis cannot be reached now (the scans and /readyz report that)."""
+    from rig_conductor.adapters import redis_access, redis_client
 
-    problems: list[str] = []
-
-    async def ping() -> None:
-        client = redis_streams.connect(settings.redis_url)
+    async def probe() -> str | None:
+        client = redis_client.connect(settings)
         try:
-            await client.ping()
+            return await redis_access.missing_permission(
+                client, role="conductor", streams=[settings.dispatch_stream, *settings.streams]
+            )
         finally:
             await client.aclose()
 
     try:
-        asyncio.run(ping())
+        return asyncio.run(probe())
     except Exception as exc:
-        problems.append(f"Redis unreachable: {_first_line(exc)}")
+        logger.warning("Redis permissions not checked: %s", redis_access.describe_failure(exc))
+        return None
+
+
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    from rig_conductor.adapters import redis_access, redis_client
+
+    problems: list[str] = []
+
+    async def ping() -> str | None:
+        client = redis_client.connect(settings)
+        try:
+            await client.ping()
+            return await redis_access.missing_permission(
+                client, role="conductor", streams=[settings.dispatch_stream, *settings.streams]
+            )
+        finally:
+            await client.aclose()
+
+    try:
+        if (missing := asyncio.run(ping())) is not None:
+            problems.append(missing)
+    except Exception as exc:
+        problems.append(redis_access.describe_failure(exc))
     if (problem := _schema_problem(settings)) is not None:
         problems.append(problem)
     for problem in problems:

@@ -24,10 +24,10 @@ from typing import Any
 
 import httpx
 import uvicorn
-from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_client
 from rig_conductor.adapters.postgres import migrations
+from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.agent import Entry, run_agent
 from rig_conductor.agent.settings import AgentSettings
 from rig_conductor.app import create_app
@@ -111,7 +111,7 @@ async def _run(settings: Settings, timeout_s: float, keep_running: bool) -> int:
         dispatch_stream=STREAM,
         log_format=settings.log_format,
     )
-    redis = redis_streams.connect(settings.redis_url)
+    redis = redis_client.connect(settings)
     try:
         with tempfile.TemporaryDirectory(prefix="rig-demo-") as scratch:
             async with httpx.AsyncClient(base_url=url, timeout=10) as api:
@@ -127,7 +127,11 @@ async def _run(settings: Settings, timeout_s: float, keep_running: bool) -> int:
 
 
 async def _story(
-    api: httpx.AsyncClient, redis: Redis, agents: AgentSettings, artifacts: Path, timeout_s: float
+    api: httpx.AsyncClient,
+    redis: AnyRedis,
+    agents: AgentSettings,
+    artifacts: Path,
+    timeout_s: float,
 ) -> bool:
     completed: dict[str, str] = {}
     crew = _Crew(agents, artifacts)
@@ -256,7 +260,7 @@ class _Crew:
             logger.error("builder-a failed: %s: %s", type(exc).__name__, exc)
 
 
-async def _watch(artifacts: Path, redis: Redis, completed: dict[str, str]) -> None:
+async def _watch(artifacts: Path, redis: AnyRedis, completed: dict[str, str]) -> None:
     """Log each artifact as it is published; return once every issue has one and nothing is
     pending any more."""
     while True:
@@ -280,7 +284,7 @@ def _published(artifacts: Path, seen: set[str]) -> list[tuple[str, dict[str, Any
     return [(path.stem, json.loads(path.read_text())) for path in paths]
 
 
-async def _pending(redis: Redis) -> int:
+async def _pending(redis: AnyRedis) -> int:
     with contextlib.suppress(Exception):  # no group yet
         summary = await redis.xpending(STREAM, GROUP)
         return int(summary["pending"])

@@ -39,6 +39,12 @@ class Metrics:
             registry=r,
         )
         self.scans = Counter("rig_reaper_scans", "Reaper scans by outcome", ["outcome"], registry=r)
+        self.node_errors = Counter(
+            "rig_reaper_node_errors",
+            "Scans that left out a Redis Cluster node it could not read or act on",
+            ["node"],
+            registry=r,
+        )
         self.scan_duration = Histogram(
             "rig_reaper_scan_duration_seconds",
             "Duration of reaper scans",

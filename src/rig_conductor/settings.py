@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -18,8 +18,9 @@ from rig_conductor.domain import Limits
 ENV_PREFIX = "RIG_"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Values of these settings are never echoed back in an error: they may carry credentials.
-_SECRET_FIELDS = frozenset({"redis_url", "database_url", "api_tokens"})
+_SECRET_FIELDS = frozenset({"redis_url", "database_url", "api_tokens", "redis_sentinel_password"})
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+RedisMode = Literal["standalone", "cluster", "sentinel"]
 
 
 def _comma_list(value: Any) -> Any:
@@ -42,20 +43,100 @@ class RigSettings(BaseSettings):
         frozen=True,
     )
 
+    # The Redis topology ("Redis topologies" in the contract). Fields are validated in the
+    # order they are declared, so the later ones can check themselves against the earlier.
+    redis_mode: RedisMode = "standalone"
     redis_url: str = "redis://localhost:6379/0"
     log_format: Literal["text", "json"] = "text"
+    redis_sentinels: Annotated[tuple[tuple[str, int], ...], NoDecode] = Field(
+        default=(), validate_default=True
+    )
+    redis_sentinel_master: str = Field(default="mymaster", min_length=1)
+    redis_sentinel_password: SecretStr | None = None
+    redis_tls_ca_file: Path | None = None
+    redis_tls_cert_file: Path | None = None
+    redis_tls_key_file: Path | None = Field(default=None, validate_default=True)
 
     @field_validator("redis_url")
     @classmethod
-    def _redis_url(cls, value: str) -> str:
+    def _redis_url(cls, value: str, info: ValidationInfo) -> str:
         if not value.startswith(_REDIS_SCHEMES):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        if info.data.get("redis_mode") == "cluster":
+            if value.startswith("unix://"):
+                raise ValueError("cluster mode needs a redis:// or rediss:// URL, not a socket")
+            if _url_db(value) != 0:
+                raise ValueError("cluster mode has database 0 only; remove the /<db> from the URL")
         return value
 
-    @field_validator("log_format", mode="before")
+    @field_validator("log_format", "redis_mode", mode="before")
     @classmethod
-    def _lower_log_format(cls, value: Any) -> Any:
+    def _lower_choice(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("redis_sentinels", mode="before")
+    @classmethod
+    def _parse_sentinels(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        parsed: list[tuple[str, int]] = []
+        for part in _comma_list(value):
+            host, sep, port = part.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("each sentinel must be host:port")
+            parsed.append((host.strip("[]"), int(port)))
+        return tuple(parsed)
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _sentinels_for_mode(
+        cls, value: tuple[tuple[str, int], ...], info: ValidationInfo
+    ) -> tuple[tuple[str, int], ...]:
+        if info.data.get("redis_mode") == "sentinel" and not value:
+            raise ValueError("sentinel mode needs at least one host:port sentinel")
+        return value
+
+    @field_validator("redis_sentinel_password", mode="before")
+    @classmethod
+    def _blank_password(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value else value
+
+    @field_validator(
+        "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file", mode="before"
+    )
+    @classmethod
+    def _blank_path(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
+    @classmethod
+    def _readable_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @field_validator("redis_tls_key_file")
+    @classmethod
+    def _key_with_cert(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if (value is None) != (info.data.get("redis_tls_cert_file") is None):
+            raise ValueError(
+                "the client certificate needs both RIG_REDIS_TLS_CERT_FILE and "
+                "RIG_REDIS_TLS_KEY_FILE"
+            )
+        return value
+
+
+def _url_db(url: str) -> int:
+    """The database number a redis:// URL names: its path, else `?db=`, else 0."""
+    rest = url.partition("://")[2]
+    path, _, query = rest.partition("/")[2].partition("?")
+    if path.isdigit():
+        return int(path)
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name == "db" and value.isdigit():
+            return int(value)
+    return 0
 
 
 class Settings(RigSettings):
@@ -65,6 +146,9 @@ class Settings(RigSettings):
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=1, le=65535)
     dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
+    # Dispatch answers only once this many replicas hold the entry (WAIT n), so an acknowledged
+    # dispatch survives a failover.
+    redis_wait_replicas: int = Field(default=0, ge=0)
     streams: CommaList = ("rig:dispatch", "assignments:*")
     agent_ids: CommaList = ()
     entry_stale_ms: int = Field(default=300_000, ge=0)
@@ -149,7 +233,7 @@ class Settings(RigSettings):
         shown: dict[str, object] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if name in _SECRET_FIELDS:
+            if name in _SECRET_FIELDS and value is not None:
                 value = _mask(name, value)
             shown[ENV_PREFIX + name.upper()] = value
         return shown
@@ -183,6 +267,6 @@ def explain(exc: ValidationError, *, secret: frozenset[str] = _SECRET_FIELDS) ->
     field = str(error["loc"][0]) if error["loc"] else "?"
     message = str(error["msg"]).removeprefix("Value error, ")
     variable = ENV_PREFIX + field.upper()
-    if field in secret or "input" not in error:
+    if field in secret or error.get("input") in (None, (), ""):
         return f"{variable}: {message}"
     return f"{variable}: {message} (got {error['input']!r})"

@@ -24,7 +24,14 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
 
 def test_defaults_are_the_contract() -> None:
     assert load_agent_settings().describe() == {
+        "RIG_REDIS_MODE": "standalone",
         "RIG_REDIS_URL": "redis://localhost:6379/0",
+        "RIG_REDIS_SENTINELS": (),
+        "RIG_REDIS_SENTINEL_MASTER": "mymaster",
+        "RIG_REDIS_SENTINEL_PASSWORD": None,
+        "RIG_REDIS_TLS_CA_FILE": None,
+        "RIG_REDIS_TLS_CERT_FILE": None,
+        "RIG_REDIS_TLS_KEY_FILE": None,
         "RIG_CONDUCTOR_URL": "http://localhost:8080",
         "RIG_API_TOKEN": None,
         "RIG_HEARTBEAT_INTERVAL_S": 10.0,

@@ -34,6 +34,14 @@ CONTRACT_DEFAULTS = {
     "RIG_LOG_FORMAT": "text",
     "RIG_TENANT": "default",
     "RIG_EVENT_RETENTION_DAYS": 30,
+    "RIG_REDIS_MODE": "standalone",
+    "RIG_REDIS_SENTINELS": (),
+    "RIG_REDIS_SENTINEL_MASTER": "mymaster",
+    "RIG_REDIS_SENTINEL_PASSWORD": None,
+    "RIG_REDIS_TLS_CA_FILE": None,
+    "RIG_REDIS_TLS_CERT_FILE": None,
+    "RIG_REDIS_TLS_KEY_FILE": None,
+    "RIG_REDIS_WAIT_REPLICAS": 0,
 }
 
 

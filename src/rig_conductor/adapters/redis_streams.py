@@ -11,9 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import AskError, MovedError, ResponseError
 
+from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis_client import AnyRedis, is_clustered, redis_client_retry
 from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,
@@ -101,7 +103,7 @@ return {id, 1}
 
 
 async def append_once(
-    client: Redis,
+    client: AnyRedis,
     *,
     stream: StreamKey,
     key: str,
@@ -110,11 +112,55 @@ async def append_once(
 ) -> tuple[EntryId, bool]:
     """XADD `fields` unless `key` was appended within `remember_s`; (entry id, appended now)."""
     script = client.register_script(_APPEND_ONCE_LUA)
+    marker = redis_keys.dispatched_key(stream, key, clustered=is_clustered(client))
+    entry_id, appended = await script(keys=[stream, marker], args=_append_args(fields, remember_s))
+    return EntryId(str(entry_id)), bool(appended)
+
+
+async def append_once_replicated(
+    client: Redis,
+    *,
+    stream: StreamKey,
+    key: str,
+    fields: Mapping[str, str],
+    remember_s: int,
+    replicas: int,
+    timeout_ms: int,
+) -> tuple[EntryId, bool, int]:
+    """`append_once`, then WAIT on the same connection until `replicas` replicas hold it (or
+    `timeout_ms` passes); (entry id, appended now, replicas that acknowledged).
+
+    `client` talks to the server that holds the stream (on a cluster: its node's client), as
+    WAIT counts the replication of the writes of its own connection only.
+    """
+    script = client.register_script(_APPEND_ONCE_LUA)
+    marker = redis_keys.dispatched_key(stream, key, clustered=is_clustered(client))
+    async with client.pipeline(transaction=False) as pipe:
+        await script(keys=[stream, marker], args=_append_args(fields, remember_s), client=pipe)
+        pipe.execute_command("WAIT", replicas, timeout_ms)
+        (entry_id, appended), acked = await pipe.execute()
+    return EntryId(str(entry_id)), bool(appended), int(acked)
+
+
+async def dispatch_markers(
+    client: AnyRedis, *, items: Sequence[tuple[StreamKey, str]]
+) -> list[bool]:
+    """Whether each (stream, idempotency key)'s append marker exists, in one round trip."""
+    if not items:
+        return []
+    clustered = is_clustered(client)
+    async with client.pipeline(transaction=False) as pipe:
+        for stream, key in items:
+            pipe.exists(redis_keys.dispatched_key(stream, key, clustered=clustered))
+        replies = await pipe.execute()
+    return [bool(reply) for reply in replies]
+
+
+def _append_args(fields: Mapping[str, str], remember_s: int) -> list[str | int]:
     args: list[str | int] = [remember_s]
     for name, value in fields.items():
         args += [name, value]
-    entry_id, appended = await script(keys=[stream, f"{stream}:dispatched:{key}"], args=args)
-    return EntryId(str(entry_id)), bool(appended)
+    return args
 
 
 # Delete a consumer only if it still has no pending entry, checked in the same atomic step.
@@ -174,8 +220,9 @@ class DeadLettered:
     issue_id: str | None
 
 
-def dlq_key(stream: StreamKey) -> StreamKey:
-    return StreamKey(f"{stream}:dlq")
+def dlq_key(stream: StreamKey, client: AnyRedis | None = None) -> StreamKey:
+    """The dead-letter stream of `stream` on the Redis `client` talks to."""
+    return redis_keys.dlq_key(stream, clustered=client is not None and is_clustered(client))
 
 
 def is_pattern(name: str) -> bool:
@@ -206,7 +253,7 @@ async def resolve_streams(client: Redis, *, names: Sequence[str]) -> list[Stream
                 )
     for pattern in (name for name in names if is_pattern(name)):
         async for key in client.scan_iter(match=pattern, count=1000, _type="stream"):
-            if not key.endswith(":dlq"):
+            if not redis_keys.is_dlq(key):
                 found[StreamKey(key)] = None
     return list(found)
 
@@ -220,6 +267,8 @@ async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> lis
         group_replies = await pipe.execute(raise_on_error=False)
     groups: list[tuple[StreamKey, GroupName, int]] = []
     for stream, reply in zip(streams, group_replies, strict=True):
+        if isinstance(reply, MovedError | AskError):
+            raise reply  # a cluster slot moved since the map was read: the caller retries
         if isinstance(reply, Exception):
             logger.info("Stream %s skipped: %s", stream, reply)
             continue
@@ -234,6 +283,8 @@ async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> lis
     for stream, group, pending in groups:
         reply = next(replies)
         oldest = next(replies) if pending else []
+        if isinstance(reply, MovedError | AskError):
+            raise reply
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
@@ -310,14 +361,15 @@ async def pending_entries(
 
 
 async def dead_letter(
-    client: Redis,
+    client: AnyRedis,
     *,
     stream: StreamKey,
     group: GroupName,
     entries: Iterable[PendingEntry],
     reason: str,
 ) -> list[DeadLettered]:
-    """Copy each entry to `<stream>:dlq` with its diagnostics and XACK it, atomically per entry.
+    """Copy each entry to the stream's DLQ with its diagnostics and XACK it, atomically per
+    entry.
 
     An entry touched since the scan looked (acked, re-read, claimed elsewhere) is left alone and
     not returned.
@@ -326,14 +378,19 @@ async def dead_letter(
     if not entries:
         return []
     script = client.register_script(_DEAD_LETTER_LUA)
-    async with client.pipeline(transaction=False) as pipe:
-        for entry in entries:
-            await script(
-                keys=[stream, dlq_key(stream)],
-                args=[group, entry.consumer, entry.id, entry.idle_ms, reason, entry.deliveries],
-                client=pipe,
-            )
-        replies = await pipe.execute()
+    keys = [stream, dlq_key(stream, client)]
+    calls: list[list[str | int]] = [
+        [group, entry.consumer, entry.id, entry.idle_ms, reason, entry.deliveries]
+        for entry in entries
+    ]
+    if isinstance(client, RedisCluster):
+        # The cluster client runs no scripts inside pipelines: one call each, on the stream's node.
+        replies = [await script(keys=keys, args=args) for args in calls]
+    else:
+        async with client.pipeline(transaction=False) as pipe:
+            for args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute()
     done: list[DeadLettered] = []
     for entry, reply in zip(entries, replies, strict=True):
         if reply:
@@ -343,32 +400,22 @@ async def dead_letter(
 
 
 def connect(url: str) -> Redis:
-    """A client for the streams' Redis: text replies, bounded waits, retries on blips."""
+    """A client for one standalone Redis named by URL (`redis_client.connect` follows the
+    configured topology): text replies, bounded waits, retries on blips."""
     return Redis.from_url(
         url,
         decode_responses=True,
         socket_connect_timeout=5,
         health_check_interval=30,
+        retry=redis_client_retry(),
     )
 
 
-async def oldest_pending_idle(
-    client: Redis, *, groups: Sequence[tuple[StreamKey, GroupName]]
-) -> list[int | None]:
-    """Idle ms of the first (oldest) entry of each group's pending list; None when empty."""
-    async with client.pipeline(transaction=False) as pipe:
-        for stream, group in groups:
-            pipe.xpending_range(stream, group, min="-", max="+", count=1)
-        replies = await pipe.execute(raise_on_error=False)
-    return [
-        int(reply[0]["time_since_delivered"]) if isinstance(reply, list) and reply else None
-        for reply in replies
-    ]
-
-
-async def list_dead_letters(client: Redis, *, stream: StreamKey, count: int) -> list[DeadLetter]:
+async def list_dead_letters(client: AnyRedis, *, stream: StreamKey, count: int) -> list[DeadLetter]:
     """The newest `count` dead letters of `stream`."""
-    rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(dlq_key(stream), count=count)  # type: ignore[assignment]
+    rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(  # type: ignore[assignment]
+        dlq_key(stream, client), count=count
+    )
     letters: list[DeadLetter] = []
     for dlq_id, fields in rows:
         letters.append(
@@ -386,11 +433,11 @@ async def list_dead_letters(client: Redis, *, stream: StreamKey, count: int) -> 
 
 
 async def requeue(
-    client: Redis, *, stream: StreamKey, dlq_id: str
+    client: AnyRedis, *, stream: StreamKey, dlq_id: str
 ) -> tuple[str, str | None] | None:
     """Put a dead letter back on its stream as a new entry; None when there is no such letter."""
     script = client.register_script(_REQUEUE_LUA)
-    reply = await script(keys=[dlq_key(stream), stream], args=[dlq_id])
+    reply = await script(keys=[dlq_key(stream, client), stream], args=[dlq_id])
     if not reply:
         return None
     new_id, issue = reply

@@ -137,7 +137,7 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
                 handle_signals=True,
             )
         )
-    except lease.ConsumerInUse as exc:
+    except (lease.ConsumerInUse, process.MissingPermission) as exc:
         logger.error("Refusing to start: %s", exc)
         return EXIT_USAGE
     except lease.AgentError as exc:

@@ -12,8 +12,9 @@ import logging
 import time
 import uuid
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
+
+from rig_conductor.adapters.redis_client import AnyRedis
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def lease_key(stream: str, group: str, consumer: str) -> str:
 class ConsumerLease:
     """A Redis key that says "this consumer name is in use", kept alive with the heartbeats."""
 
-    def __init__(self, client: Redis, *, key: str, ttl_ms: int, poll_s: float = 0.1) -> None:
+    def __init__(self, client: AnyRedis, *, key: str, ttl_ms: int, poll_s: float = 0.1) -> None:
         self.key = key
         self.instance = uuid.uuid4().hex
         self._client = client

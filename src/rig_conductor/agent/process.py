@@ -8,7 +8,7 @@ import logging
 import signal
 from collections.abc import Iterator
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_access, redis_client
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.entry import Handler, consumer_name
 from rig_conductor.agent.runtime import BLOCK_MS, SHUTDOWN_GRACE_S, Agent
@@ -38,7 +38,17 @@ async def run_agent(
     """
     settings = settings or load_agent_settings()
     name = consumer or consumer_name(agent_id)
-    redis = redis_streams.connect(settings.redis_url)
+    redis = redis_client.connect(settings)
+    try:
+        missing = await redis_access.missing_permission(
+            redis, role="agent", streams=[stream or settings.dispatch_stream]
+        )
+    except BaseException:
+        await redis.aclose()
+        raise
+    if missing is not None:
+        await redis.aclose()
+        raise MissingPermission(missing)
     conductor = ConductorClient(
         base_url=settings.conductor_url, agent_id=agent_id, consumer=name, token=settings.token
     )
@@ -62,6 +72,10 @@ async def run_agent(
     finally:
         await conductor.aclose()
         await redis.aclose()
+
+
+class MissingPermission(Exception):
+    """The Redis user may not run a command the agent needs (one line naming it)."""
 
 
 @contextlib.contextmanager

@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
+
+from rig_conductor.adapters.redis_client import AnyRedis
 
 logger = logging.getLogger(__name__)
 
@@ -16,7 +17,7 @@ Read = tuple[str, dict[str, str]]  # (entry id, fields); a deleted entry comes w
 
 
 class GroupReader:
-    def __init__(self, redis: Redis, *, stream: str, group: str, consumer: str) -> None:
+    def __init__(self, redis: AnyRedis, *, stream: str, group: str, consumer: str) -> None:
         self._redis = redis
         self.stream = stream
         self.group = group

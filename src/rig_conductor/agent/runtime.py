@@ -16,9 +16,9 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.agent import staging
 from rig_conductor.agent.conductor import (
     ConductorClient,
@@ -68,7 +68,7 @@ class Agent:
         group: str,
         stream: str,
         consumer: str,
-        redis: Redis,
+        redis: AnyRedis,
         conductor: ConductorClient,
         start_id: str = "0",
         stop: asyncio.Event | None = None,
@@ -349,7 +349,7 @@ class Agent:
         try:
             outcome, attempt = await self._handle(entry_id, fields, issue)
         except RedisError as exc:
-            outcome = f"left pending: Redis error: {exc}"
+            outcome = f"left pending: AnyRedis error: {exc}"
         except Exception as exc:  # a bug here must not stop the loop; the entry stays pending
             logger.exception("Unexpected error on entry %s", entry_id)
             outcome = f"left pending: {type(exc).__name__}: {exc}"

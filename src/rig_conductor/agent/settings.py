@@ -13,7 +13,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from rig_conductor.settings import ENV_PREFIX, RigSettings, SettingsError, explain
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
-_SECRET_FIELDS = frozenset({"redis_url", "api_token"})
+_SECRET_FIELDS = frozenset({"redis_url", "api_token", "redis_sentinel_password"})
 
 
 class AgentSettings(RigSettings):
@@ -61,7 +61,7 @@ class AgentSettings(RigSettings):
             value = getattr(self, name)
             if name == "api_token":
                 value = "<set>" if value else None
-            elif name in _SECRET_FIELDS:
+            elif name in _SECRET_FIELDS and value is not None:
                 value = _mask_url(str(value))
             shown[ENV_PREFIX + name.upper()] = value
         return shown

@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 
-from redis.asyncio import Redis
-
 from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.agent import staging
 from rig_conductor.agent.conductor import (
     ConductorClient,
@@ -31,7 +30,7 @@ class Settler:
     def __init__(
         self,
         *,
-        redis: Redis,
+        redis: AnyRedis,
         conductor: ConductorClient,
         stream: str,
         group: str,

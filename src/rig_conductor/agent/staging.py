@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, cast
 
-from redis.asyncio import Redis
+from rig_conductor.adapters.redis_client import AnyRedis
 
 logger = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def intent_key(stream: str, entry_id: str) -> str:
 
 
 async def record_intent(
-    client: Redis, *, stream: str, entry_id: str, attempt: int, files: Sequence[StagedFile]
+    client: AnyRedis, *, stream: str, entry_id: str, attempt: int, files: Sequence[StagedFile]
 ) -> None:
     """Record, before WORK_COMPLETED is sent, which files this attempt commits on acceptance."""
     key = intent_key(stream, entry_id)
@@ -176,7 +176,7 @@ async def record_intent(
 
 
 async def load_intents(
-    client: Redis, *, stream: str, entry_id: str
+    client: AnyRedis, *, stream: str, entry_id: str
 ) -> dict[int, tuple[StagedFile, ...]]:
     """Every attempt's recorded intent for the entry, by attempt number."""
     # decode_responses=True (redis_streams.connect): fields and values are str.
@@ -190,9 +190,9 @@ async def load_intents(
     return intents
 
 
-async def forget_attempt(client: Redis, *, stream: str, entry_id: str, attempt: int) -> None:
+async def forget_attempt(client: AnyRedis, *, stream: str, entry_id: str, attempt: int) -> None:
     await client.hdel(intent_key(stream, entry_id), str(attempt))
 
 
-async def forget(client: Redis, *, stream: str, entry_id: str) -> None:
+async def forget(client: AnyRedis, *, stream: str, entry_id: str) -> None:
     await client.delete(intent_key(stream, entry_id))

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.redis_client import AnyRedis, Topology
 from rig_conductor.api.ingest import HeartbeatWriter
 from rig_conductor.metrics import Metrics
 from rig_conductor.settings import Settings
@@ -21,12 +21,19 @@ ScanNow = Callable[[bool | None], Awaitable[dict[str, Any]]]
 @dataclass
 class Runtime:
     settings: Settings
-    redis: Redis
+    redis: AnyRedis
     engine: AsyncEngine
     heartbeats: HeartbeatWriter
     scan: ScanNow
     metrics: Metrics
     schema_head: str | None
+    # The servers holding streams (each primary of a cluster), for views that read them all.
+    topology: Topology | None = None
+
+    def servers(self) -> Topology:
+        if self.topology is None:
+            self.topology = Topology(self.redis, self.settings)
+        return self.topology
 
 
 async def runtime(request: Request) -> Runtime:

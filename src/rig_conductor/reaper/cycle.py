@@ -8,7 +8,7 @@ writes the `[StreamReclaim]` log lines and records what it did in the event log.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,19 +19,27 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor import logs
-from rig_conductor.adapters import redis_streams, redis_sweep
+from rig_conductor.adapters import redis_reading as reading
+from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import ConsumerName, GroupInfo, PendingEntry, PodState
+from rig_conductor.adapters.redis_client import Topology, node_for
+from rig_conductor.domain import (
+    ConsumerName,
+    Evidence,
+    GroupInfo,
+    Limits,
+    PendingEntry,
+    PodState,
+)
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import liveness, reclaim
-from rig_conductor.reaper import cleanup, moves, observe
+from rig_conductor.reaper import cleanup, journal, moves, observe, redispatch
 from rig_conductor.reaper.report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-DEAD_LETTER_REASON = "max-deliveries"
+DEAD_LETTER_REASON = journal.DEAD_LETTER_REASON
 
 # Looks up consumers by pod name: their states, for those Kubernetes could answer for.
 Probe = Callable[[list[ConsumerName]], Awaitable[Mapping[ConsumerName, PodState]]]
@@ -41,7 +49,7 @@ __all__ = ["GroupOutcome", "ScanReport", "describe_failure", "reap_once"]
 
 async def reap_once(
     *,
-    redis: Redis,
+    redis: Redis | Topology,
     engine: AsyncEngine,
     settings: Settings,
     dry_run: bool | None = None,
@@ -51,23 +59,29 @@ async def reap_once(
     probe: Probe | None = None,
     hygiene: bool = False,
 ) -> ScanReport:
-    """Scan every group of every configured stream once. Raises on Redis or Postgres failure.
+    """Scan every group of every configured stream once. Raises on Redis or Postgres failure
+    (on a cluster, a failing node is left out and counted instead: `reading.read`).
 
-    With `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
+    `redis` is one server's client, or the `Topology` of a cluster (or of one server). With
+    `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
     `probe`, consumers holding entries that `pods` says nothing about are looked up by name;
     with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
 
-    Redis's groups and consumers are read once (one XINFO pass) and the heartbeats once: the
-    moves, the dead letters, the gauges, the detector and the clean-up all work from that
-    reading, the counts corrected by what the scan itself moved.
+    Redis's groups and consumers are read once (one XINFO pass per node) and the heartbeats
+    once: the moves, the dead letters, the gauges, the detector and the clean-up all work from
+    that reading, the counts corrected by what the scan itself moved.
     """
     started = time.perf_counter()
     limits = settings.limits
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
+    topology = redis if isinstance(redis, Topology) else Topology(redis)
+    report.redispatched = await redispatch.redispatch_lost(
+        topology, engine=engine, settings=settings, dry_run=report.dry_run
+    )
     # Fetch.
-    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
-    groups = await redis_streams.describe_groups(redis, streams=streams)
+    world = await reading.read(topology, settings.streams)
+    groups = world.groups
     if probe is not None:
         pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
     evidence = await queries.load_evidence(
@@ -76,45 +90,33 @@ async def reap_once(
     work_evidence = await work.load_work_evidence(
         engine,
         tenant=settings.tenant,
-        streams=streams,
+        streams=world.streams,
         worn_at=limits.max_deliveries,
         deadline_ms=limits.entry_deadline_ms,
     )
     fleet = liveness.Fleet(evidence, limits)
-    report.streams = len(streams)
-    for group in groups:
-        report.groups += 1
-        report.pending += group.pending
-        # Plan.
-        assessment = reclaim.assess_group(
-            group,
-            fleet,
-            attempts=work_evidence.worn.get(group.stream),
-            progress=work_evidence.progress.get(group.stream),
-        )
-        report.consumers_down += len(assessment.down)
-        report.consumers_degraded += sum(
-            r.reason == "degraded" for r in assessment.rules.values()
-        ) + len(assessment.held)
-        if not (assessment.rules or assessment.held):
-            continue
-        # Apply.
-        outcome = await _apply(
-            assessment,
-            redis=redis,
-            engine=engine,
-            tenant=settings.tenant,
-            dry_run=report.dry_run,
-            metrics=metrics,
-        )
-        if outcome.reclaimed or outcome.dead_lettered or outcome.no_target or outcome.degraded_held:
-            report.add(outcome)
+    report.streams = len(world.streams)
+    scan = _Scan(report, fleet, work_evidence, topology, engine, settings, metrics)
+    # Plan and apply, every node at once.
+    outcomes = await asyncio.gather(
+        *(scan.node(node_reading) for node_reading in world.nodes), return_exceptions=True
+    )
+    for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            if not topology.clustered or isinstance(outcome, asyncio.CancelledError):
+                raise outcome
+            world.fail(node_reading.node.name, outcome)
+            topology.stale = True
+    report.nodes_failed = sorted(world.failed)
+    if metrics is not None:
+        for node in world.failed:
+            metrics.node_errors.labels(node).inc()
     # Report.
     if not report.dry_run:
         # Gauges, the detector and the clean-up describe what is left after the moves.
         groups = _after_moves(groups, report.per_group)
     if hygiene and pods and not report.dry_run:
-        await cleanup.remove_consumers(redis=redis, groups=groups, evidence=evidence, limits=limits)
+        await _remove_consumers(world, groups, evidence, limits)
     report.without_heartbeat = await observe.observe(
         groups=groups,
         fleet=fleet,
@@ -124,7 +126,92 @@ async def reap_once(
         watch=detector,
     )
     report.duration_ms = round((time.perf_counter() - started) * 1000)
+    if not isinstance(redis, Topology):
+        await topology.aclose()
     return report
+
+
+class _Scan:
+    """The plan-and-apply step of one scan, run on each node's groups."""
+
+    def __init__(
+        self,
+        report: ScanReport,
+        fleet: liveness.Fleet,
+        work_evidence: work.WorkEvidence,
+        topology: Topology,
+        engine: AsyncEngine,
+        settings: Settings,
+        metrics: Metrics | None,
+    ) -> None:
+        self.report = report
+        self.fleet = fleet
+        self.work_evidence = work_evidence
+        self.topology = topology
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+
+    async def node(self, node_reading: reading.NodeReading) -> None:
+        report = self.report
+        for group in node_reading.groups:
+            report.groups += 1
+            report.pending += group.pending
+            # Plan.
+            assessment = reclaim.assess_group(
+                group,
+                self.fleet,
+                attempts=self.work_evidence.worn.get(group.stream),
+                progress=self.work_evidence.progress.get(group.stream),
+            )
+            report.consumers_down += len(assessment.down)
+            report.consumers_degraded += sum(
+                r.reason == "degraded" for r in assessment.rules.values()
+            ) + len(assessment.held)
+            if not (assessment.rules or assessment.held):
+                continue
+            # Apply.
+            try:
+                outcome = await self._apply(assessment, node_reading.node.client)
+            except reading.SLOT_MOVED:
+                # The stream's slot moved since the scan read it: nothing moved (every move is
+                # guarded where the stream lives); one retry where it lives now.
+                await self.topology.refresh()
+                node = await node_for(self.topology, group.stream)
+                outcome = await self._apply(assessment, node.client)
+            if (
+                outcome.reclaimed
+                or outcome.dead_lettered
+                or outcome.no_target
+                or outcome.degraded_held
+            ):
+                report.add(outcome)
+
+    async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
+        return await _apply(
+            assessment,
+            redis=client,
+            engine=self.engine,
+            tenant=self.settings.tenant,
+            dry_run=self.report.dry_run,
+            metrics=self.metrics,
+        )
+
+
+async def _remove_consumers(
+    world: reading.Reading, groups: list[GroupInfo], evidence: Evidence, limits: Limits
+) -> None:
+    """Consumer hygiene on each node that the scan read and acted on."""
+    for node_reading in world.nodes:
+        if node_reading.node.name in world.failed:
+            continue
+        mine = {(g.stream, g.name) for g in node_reading.groups}
+        await cleanup.remove_consumers(
+            redis=node_reading.node.client,
+            groups=[g for g in groups if (g.stream, g.name) in mine],
+            evidence=evidence,
+            limits=limits,
+        )
 
 
 def _after_moves(groups: list[GroupInfo], outcomes: list[GroupOutcome]) -> list[GroupInfo]:
@@ -165,11 +252,11 @@ async def _apply(
 ) -> GroupOutcome:
     swept = await moves.sweep_group(redis, assessment, dry_run=dry_run)
     outcome = _outcome(assessment, swept)
-    _log_held(assessment)
-    _log_no_target(assessment, swept.no_target)
+    journal.log_held(assessment)
+    journal.log_no_target(assessment, swept.no_target)
     if dry_run:
         outcome.dead_lettered = len(swept.worn)
-        _log_dry_run(assessment, swept)
+        journal.log_dry_run(assessment, swept)
         return outcome
     rows: list[queries.EventRow] = []
     dead: list[redis_streams.DeadLettered] = []
@@ -180,7 +267,8 @@ async def _apply(
         for item in dead:
             outcome.changes[owners[item.entry_id]] -= 1
         outcome.skipped += len(swept.worn) - len(dead)
-        rows += _dead_letter_rows(assessment, swept.worn, dead)
+        dlq_stream = redis_streams.dlq_key(assessment.stream, redis)
+        rows += journal.dead_letter_rows(assessment, swept.worn, dead, dlq_stream)
     if swept.skipped:
         logger.info(
             "[StreamReclaim] Left %d entries on %s/%s: trimmed from the stream or touched since "
@@ -189,8 +277,8 @@ async def _apply(
             assessment.stream,
             assessment.group,
         )
-    _log_moves(assessment, swept)
-    rows += _reclaim_rows(assessment, swept)
+    journal.log_moves(assessment, swept)
+    rows += journal.reclaim_rows(assessment, swept)
     await _record(assessment, swept, dead, rows, engine=engine, tenant=tenant)
     if metrics is not None:
         _count(assessment, swept, outcome, metrics)
@@ -234,68 +322,6 @@ def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> Gr
     return outcome
 
 
-def _log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
-    """One INFO line per moved entry, written a page at a time (`logs.log_lines`)."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    stream, group = assessment.stream, assessment.group
-    agents = {t.consumer: t.agent for t in assessment.targets}
-    page = redis_sweep.SWEEP_PAGE
-    for (owner, target), ids in swept.moved.items():
-        rule = assessment.rules[owner]
-        common = {
-            "stream": stream,
-            "group": group,
-            "fromConsumer": owner,
-            "toConsumer": target,
-            "fromAgent": rule.agent,
-            "toAgent": agents.get(target),
-            "reason": rule.reason,
-        }
-        tail = f" on {stream}: {owner} -> {target}"
-        for start in range(0, len(ids), page):
-            batch = ids[start : start + page]
-            sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in batch]
-            logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
-
-
-def _reclaim_rows(
-    assessment: reclaim.GroupAssessment, swept: moves.GroupSweep
-) -> list[queries.EventRow]:
-    """One RECLAIMED row per batch of up to a sweep page, the batch's ids in `entry_ids`.
-
-    A row per entry would make PostgreSQL, not Redis, the limit of a large reclaim.
-    """
-    agents = {t.consumer: t.agent for t in assessment.targets}
-    rows: list[queries.EventRow] = []
-    page = redis_sweep.SWEEP_PAGE
-    for (owner, target), ids in swept.moved.items():
-        rule = assessment.rules[owner]
-        last_beat = rule.last_heartbeat_at
-        for start in range(0, len(ids), page):
-            batch = ids[start : start + page]
-            detail = {
-                "toConsumer": target,
-                "toAgent": agents.get(target),
-                "reason": rule.reason,
-                "reasons": [reason.value for reason in rule.down_reasons],
-                "lastHeartbeatAt": last_beat.isoformat() if last_beat else None,
-                "count": len(batch),
-            }
-            rows.append(
-                queries.EventRow(
-                    "RECLAIMED",
-                    agent_id=rule.agent,
-                    consumer=owner,
-                    stream=assessment.stream,
-                    group_name=assessment.group,
-                    detail=json.dumps(detail),
-                    entry_ids="{" + ",".join(batch) + "}",
-                )
-            )
-    return rows
-
-
 async def _dead_letter(
     assessment: reclaim.GroupAssessment, worn: list[PendingEntry], *, redis: Redis
 ) -> list[redis_streams.DeadLettered]:
@@ -322,36 +348,6 @@ async def _dead_letter(
     return done
 
 
-def _dead_letter_rows(
-    assessment: reclaim.GroupAssessment,
-    worn: list[PendingEntry],
-    done: list[redis_streams.DeadLettered],
-) -> list[queries.EventRow]:
-    owners = {entry.id: entry.consumer for entry in worn}
-    rows: list[queries.EventRow] = []
-    for item in done:
-        consumer = owners[item.entry_id]
-        detail = {
-            "deliveries": item.deliveries,
-            "reason": DEAD_LETTER_REASON,
-            "dlqStream": redis_streams.dlq_key(assessment.stream),
-            "dlqId": item.dlq_id,
-        }
-        rows.append(
-            queries.EventRow(
-                "DEAD_LETTERED",
-                agent_id=assessment.rules[consumer].agent,
-                consumer=consumer,
-                stream=assessment.stream,
-                group_name=assessment.group,
-                entry_id=item.entry_id,
-                issue_id=item.issue_id,
-                detail=json.dumps(detail),
-            )
-        )
-    return rows
-
-
 async def _record(
     assessment: reclaim.GroupAssessment,
     swept: moves.GroupSweep,
@@ -373,69 +369,6 @@ async def _record(
         )
     entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
     await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=entries)
-
-
-def _log_held(assessment: reclaim.GroupAssessment) -> None:
-    for consumer, count in assessment.held.items():
-        logger.warning(
-            "[StreamReclaim] %s in group %s of %s has been degraded past the grace period, but "
-            "no non-degraded consumer can take its %d entries; left in place",
-            consumer,
-            assessment.group,
-            assessment.stream,
-            count,
-            extra={
-                "stream": assessment.stream,
-                "group": assessment.group,
-                "fromConsumer": consumer,
-                "entries": count,
-                "reason": "degraded",
-            },
-        )
-
-
-def _log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerName, int]) -> None:
-    for consumer, count in held.items():
-        logger.warning(
-            "[StreamReclaim] No live consumer in group %s of %s to take %d entries of %s; "
-            "left in place",
-            assessment.group,
-            assessment.stream,
-            count,
-            consumer,
-            extra={
-                "stream": assessment.stream,
-                "group": assessment.group,
-                "fromConsumer": consumer,
-                "entries": count,
-                "reason": assessment.rules[consumer].reason,
-            },
-        )
-
-
-def _log_dry_run(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
-    stream = assessment.stream
-    for entry in swept.worn:
-        logger.info(
-            "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
-            entry.id,
-            stream,
-            entry.deliveries,
-        )
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    for (owner, target), ids in swept.moved.items():
-        reason = assessment.rules[owner].reason
-        for entry_id in ids:
-            logger.info(
-                "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s (%s)",
-                entry_id,
-                stream,
-                owner,
-                target,
-                reason,
-                extra={"reason": reason},
-            )
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -58,6 +58,10 @@ class ScanReport:
     skipped: int = 0
     # The detector's count: consumers holding entries with no fresh heartbeat behind them.
     without_heartbeat: int = 0
+    # Cluster nodes this scan could not read or act on (left for the next scan).
+    nodes_failed: list[str] = field(default_factory=list)
+    # Dispatches Redis had lost (a failover, a restart), appended again (`reaper.redispatch`).
+    redispatched: int = 0
     duration_ms: int = 0
     per_group: list[GroupOutcome] = field(default_factory=list)
 
@@ -84,6 +88,8 @@ class ScanReport:
             "degradedHeld": self.degraded_held,
             "skipped": self.skipped,
             "consumersWithoutHeartbeat": self.without_heartbeat,
+            "nodesFailed": self.nodes_failed,
+            "redispatched": self.redispatched,
             "dryRun": self.dry_run,
             "durationMs": self.duration_ms,
             "groupsDetail": [outcome.to_json() for outcome in self.per_group],

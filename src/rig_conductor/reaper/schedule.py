@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import ConsumerName, PodName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader, observe, podwatch
@@ -38,7 +39,7 @@ class ReaperService:
     def __init__(
         self,
         *,
-        redis: Redis,
+        redis: Redis | Topology,
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None = None,

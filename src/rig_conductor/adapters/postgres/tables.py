@@ -84,7 +84,10 @@ dispatches = Table(
     Column("issue_id", Text, nullable=False),
     Column("agent_id", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # What was appended (migration 0006): a dispatch a failover lost is appended again from it.
+    Column("fields", JSONB),
     Index("ix_dispatches_entry", "stream", "entry_id"),
+    Index("ix_dispatches_created", "tenant", "created_at"),
 )
 
 # Per stream entry: who works on it and which attempt is current. Changed only by conditional

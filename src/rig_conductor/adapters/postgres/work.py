@@ -3,7 +3,7 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -24,8 +24,10 @@ async def record_dispatch(
     agent_id: str,
     stream: str,
     entry_id: str,
+    fields: Mapping[str, str] | None = None,
 ) -> bool:
-    """Record an appended dispatch once per idempotency key; True when recorded now.
+    """Record an appended dispatch once per idempotency key, with the `fields` appended; True
+    when recorded now.
 
     Called after every append and every repeat: a repeat whose first attempt appended but could
     not record (PostgreSQL down, or the process killed in between) completes the record, and
@@ -41,6 +43,7 @@ async def record_dispatch(
                 entry_id=entry_id,
                 issue_id=issue_id,
                 agent_id=agent_id,
+                fields=dict(fields) if fields is not None else None,
             )
             .on_conflict_do_nothing()
             .returning(dispatches.c.idempotency_key)

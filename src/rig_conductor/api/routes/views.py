@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters import redis_reading
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, runtime
@@ -50,11 +50,8 @@ async def list_agents(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.
 @router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
 async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.GroupView]:
     """Per stream and group: consumers with pending count, idle time and resolved agent."""
-    streams = await redis_streams.resolve_streams(rt.redis, names=rt.settings.streams)
-    groups = await redis_streams.describe_groups(rt.redis, streams=streams)
-    oldest = await redis_streams.oldest_pending_idle(
-        rt.redis, groups=[(g.stream, g.name) for g in groups]
-    )
+    world = await redis_reading.read(rt.servers(), rt.settings.streams)
+    groups = world.groups
     _, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
     known = agent_policy.known_agents(rt.settings.agent_ids, (AgentId(r.agent_id) for r in rows))
     return [
@@ -62,7 +59,7 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
             stream=group.stream,
             group=group.name,
             pending=group.pending,
-            oldest_pending_idle_ms=idle,
+            oldest_pending_idle_ms=group.oldest_idle_ms,
             consumers=[
                 schemas.ConsumerView(
                     name=c.name,
@@ -73,7 +70,7 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
                 for c in group.consumers
             ],
         )
-        for group, idle in zip(groups, oldest, strict=True)
+        for group in groups
     ]
 
 

@@ -1,0 +1,44 @@
+"""Names of the keys that live beside a stream.
+
+A script touches the stream and its companions in one step, so on a Redis Cluster they must
+share the stream's hash slot. There, a companion's name carries the stream's hash tag: the
+stream's own tag when its name has one (`{orders}:new` -> `{orders}:new:dlq`), else the whole
+stream name as the tag (`rig:dispatch` -> `{rig:dispatch}:dlq`). On one server (standalone or
+behind sentinels) the names stay as they always were (`rig:dispatch:dlq`).
+"""
+
+from __future__ import annotations
+
+from rig_conductor.domain import StreamKey
+
+DLQ_SUFFIX = ":dlq"
+
+
+def has_hash_tag(name: str) -> bool:
+    """True when Redis Cluster hashes only part of `name`: a `{...}` with something inside."""
+    start = name.find("{")
+    if start < 0:
+        return False
+    end = name.find("}", start + 1)
+    return end > start + 1
+
+
+def slot_prefix(stream: str, *, clustered: bool) -> str:
+    """What a companion key of `stream` starts with, so that it hashes with the stream."""
+    if not clustered or has_hash_tag(stream):
+        return stream
+    return "{" + stream + "}"
+
+
+def dlq_key(stream: str, *, clustered: bool = False) -> StreamKey:
+    """The dead-letter stream of `stream`."""
+    return StreamKey(slot_prefix(stream, clustered=clustered) + DLQ_SUFFIX)
+
+
+def dispatched_key(stream: str, key: str, *, clustered: bool = False) -> str:
+    """The marker that an entry was appended to `stream` under idempotency key `key`."""
+    return f"{slot_prefix(stream, clustered=clustered)}:dispatched:{key}"
+
+
+def is_dlq(name: str) -> bool:
+    return name.endswith(DLQ_SUFFIX)

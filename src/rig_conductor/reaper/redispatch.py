@@ -1,0 +1,85 @@
+"""Dispatches the streams' Redis lost: appended again, once, under their idempotency key.
+
+Replication to a Redis replica is asynchronous: a master that dies right after answering a
+dispatch may take the entry with it, and the replica that takes over never saw it (nor its
+idempotency marker). PostgreSQL recorded the dispatch, with its fields. Each scan looks at the
+dispatches of the last `WINDOW_S` that no agent has reported on; one whose marker is missing
+from Redis was lost, and is appended again through the same at-most-once script, so two
+conductors, or a client retrying at the same moment, still make one entry. A dispatch an agent
+had already started is never appended again (it could run twice); `RIG_REDIS_WAIT_REPLICAS`
+is what keeps those from being lost.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import dispatches
+from rig_conductor.adapters.redis_client import Topology, node_for
+from rig_conductor.domain import StreamKey
+from rig_conductor.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+WINDOW_S = 600.0
+LIMIT = 50_000
+
+
+async def redispatch_lost(
+    topology: Topology, *, engine: AsyncEngine, settings: Settings, dry_run: bool
+) -> int:
+    """Append again the recent dispatches Redis no longer knows; how many (would be) appended."""
+    recent = await dispatches.recent_unstarted(
+        engine, tenant=settings.tenant, window_s=WINDOW_S, limit=LIMIT
+    )
+    if not recent:
+        return 0
+    await topology.nodes()  # the slot map, for `owner`
+    by_node: dict[str, list[dispatches.RecentDispatch]] = {}
+    for item in recent:
+        by_node.setdefault(topology.owner(item.stream), []).append(item)
+    remember_s = settings.event_retention_days * 86_400
+    count = 0
+    for items in by_node.values():
+        node = await node_for(topology, items[0].stream)
+        present = await redis_streams.dispatch_markers(
+            node.client, items=[(StreamKey(d.stream), d.key) for d in items]
+        )
+        for item, known in zip(items, present, strict=True):
+            if known:
+                continue
+            if dry_run:
+                logger.warning(
+                    "DRY RUN: would append dispatch %s again: %s is missing from %s",
+                    item.issue_id,
+                    item.entry_id,
+                    item.stream,
+                )
+                count += 1
+                continue
+            entry_id, appended = await redis_streams.append_once(
+                node.client,
+                stream=StreamKey(item.stream),
+                key=item.key,
+                fields=item.fields,
+                remember_s=remember_s,
+            )
+            if not appended:
+                continue
+            await dispatches.reappended(
+                engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id
+            )
+            count += 1
+            logger.warning(
+                "Dispatch %s was missing from %s (entry %s, lost with a failover or a restart "
+                "of Redis); appended again as %s",
+                item.issue_id,
+                item.stream,
+                item.entry_id,
+                entry_id,
+                extra={"issueId": item.issue_id, "stream": item.stream, "entryId": entry_id},
+            )
+    return count

@@ -1,0 +1,110 @@
+"""Real Redis topologies, one of each per test session: a 6-node cluster, a master with a
+replica and 3 sentinels, and a TLS-only server. Started on first use, killed at the end."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from rig_conductor.adapters import redis_client
+from rig_conductor.settings import Settings
+
+from .servers import Cluster, SentinelSet, TlsServer
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/topologies/" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+            item.add_marker(pytest.mark.timeout(180))
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    made = Cluster(Path(tmp_path_factory.mktemp("cluster")))
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+@pytest.fixture(scope="session")
+def sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelSet]:
+    made = SentinelSet(Path(tmp_path_factory.mktemp("sentinel")))
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
+    made = TlsServer(Path(tmp_path_factory.mktemp("tls")))
+    try:
+        yield made.start()
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def cluster_env(cluster: Cluster) -> dict[str, str]:
+    """RIG_* settings that reach the cluster; the cluster is emptied first."""
+    cluster.flush()
+    return {"RIG_REDIS_MODE": "cluster", "RIG_REDIS_URL": cluster.url}
+
+
+@pytest.fixture
+def sentinel_env(sentinels: SentinelSet) -> dict[str, str]:
+    from .servers import client
+
+    client(sentinels.master_port()).flushall()
+    return {
+        "RIG_REDIS_MODE": "sentinel",
+        "RIG_REDIS_URL": "redis:///0",
+        "RIG_REDIS_SENTINELS": sentinels.sentinels,
+    }
+
+
+@pytest.fixture
+def tls_env(tls_server: TlsServer) -> dict[str, str]:
+    from .servers import client
+
+    client(tls_server.port, ssl=True, ssl_ca_certs=str(tls_server.ca)).flushall()
+    return {
+        "RIG_REDIS_URL": tls_server.url,
+        "RIG_REDIS_TLS_CA_FILE": str(tls_server.ca),
+        "RIG_REDIS_TLS_CERT_FILE": str(tls_server.client_cert),
+        "RIG_REDIS_TLS_KEY_FILE": str(tls_server.client_key),
+    }
+
+
+def env_settings(env: dict[str, str], database_url: str, **overrides: Any) -> Settings:
+    fields = {name.removeprefix("RIG_").lower(): value for name, value in env.items()}
+    return Settings(database_url=database_url, **{**fields, **overrides})
+
+
+@pytest.fixture
+def settings_for(database_url: str) -> Callable[..., Settings]:
+    def build(env: dict[str, str], **overrides: Any) -> Settings:
+        return env_settings(env, database_url, **overrides)
+
+    return build
+
+
+@pytest.fixture
+async def cluster_client(cluster_env: dict[str, str], database_url: str) -> AsyncIterator[Any]:
+    client = redis_client.connect(env_settings(cluster_env, database_url))
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def sentinel_client(sentinel_env: dict[str, str], database_url: str) -> AsyncIterator[Redis]:
+    client = redis_client.connect(env_settings(sentinel_env, database_url))
+    assert isinstance(client, Redis)
+    yield client
+    await client.aclose()
