@@ -11,9 +11,13 @@ import pytest
 from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_client
+from rig_conductor.adapters.redis_access import AGENT_ACL, CONDUCTOR_ACL
 from rig_conductor.settings import Settings
 
-from .servers import Cluster, SentinelSet, TlsServer
+from .servers import Cluster, SentinelSet, Server, TlsServer, client, redis_args, wait_until
+
+ACL_PORT = 7400
+PASSWORD = "s3cret-acl"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -48,6 +52,29 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
         yield made.start()
     finally:
         made.close()
+
+
+@pytest.fixture(scope="session")
+def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A standalone server with the conductor's and the agent's ACL users, exactly as the README
+    documents them, and the default user switched off."""
+    server = Server(ACL_PORT, Path(tmp_path_factory.mktemp("acl")), redis_args(ACL_PORT)).start()
+    try:
+        wait_until(lambda: client(ACL_PORT).ping(), what="ACL server")
+        admin = client(ACL_PORT)
+        admin.execute_command("ACL", "SETUSER", "admin", "on", f">{PASSWORD}", "~*", "&*", "+@all")
+        admin.execute_command(
+            "ACL", "SETUSER", "rig-conductor", *CONDUCTOR_ACL.split(), f">{PASSWORD}"
+        )
+        admin.execute_command("ACL", "SETUSER", "rig-agent", *AGENT_ACL.split(), f">{PASSWORD}")
+        admin.execute_command("ACL", "SETUSER", "default", "off")
+        yield ACL_PORT
+    finally:
+        server.kill()
+
+
+def acl_admin() -> Any:
+    return client(ACL_PORT, username="admin", password=PASSWORD)
 
 
 @pytest.fixture
@@ -108,3 +135,29 @@ async def sentinel_client(sentinel_env: dict[str, str], database_url: str) -> As
     assert isinstance(client, Redis)
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+def cluster_envs(cluster_env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    return cluster_env, cluster_env
+
+
+@pytest.fixture
+def sentinel_envs(sentinel_env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The conductor waits for the replica on every dispatch."""
+    return {**sentinel_env, "RIG_REDIS_WAIT_REPLICAS": "1"}, sentinel_env
+
+
+@pytest.fixture
+def tls_envs(tls_env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    return tls_env, tls_env
+
+
+@pytest.fixture
+def acl_envs(acl_server: int) -> tuple[dict[str, str], dict[str, str]]:
+    acl_admin().flushall()
+    base = f"127.0.0.1:{acl_server}/0"
+    return (
+        {"RIG_REDIS_URL": f"redis://rig-conductor:{PASSWORD}@{base}"},
+        {"RIG_REDIS_URL": f"redis://rig-agent:{PASSWORD}@{base}"},
+    )

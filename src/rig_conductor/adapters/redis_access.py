@@ -13,6 +13,7 @@ import ssl
 from collections.abc import Sequence
 from typing import Literal
 
+from redis.asyncio import RedisCluster
 from redis.exceptions import (
     AuthenticationError,
     NoPermissionError,
@@ -25,12 +26,32 @@ from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 
 Role = Literal["conductor", "agent"]
+
+# The least-privilege ACL rules (`ACL SETUSER <name> <rules> ><password>`) for the key space of
+# the default streams; the README shows them, and the tests run both roles with exactly these.
+# For other streams, add their patterns (a stream, its `:dlq` and its `:dispatched:` markers).
+CONDUCTOR_ACL = (
+    "on resetkeys ~rig:* ~{rig:* ~assignments:* ~{assignments:* resetchannels -@all "
+    "+ping +time +scan +type +exists +get +set +wait "
+    "+xinfo|groups +xinfo|consumers +xpending +xclaim +xack +xadd +xrange +xrevrange +xdel "
+    "+xgroup|delconsumer +evalsha +eval +script|load +script|exists"
+)
+AGENT_ACL = (
+    "on resetkeys ~rig:* ~{rig:* ~assignments:* ~{assignments:* resetchannels -@all "
+    "+ping +get +set +pexpire +del +hset +hgetall +hdel +expire +multi +exec "
+    "+xreadgroup +xgroup|create +xgroup|createconsumer +xack +xpending +xrange +xadd "
+    "+evalsha +eval +script|load +script|exists"
+)
+# In cluster mode both also need to read the cluster's layout.
+CLUSTER_ACL_EXTRA = "+cluster|slots +cluster|shards +cluster|nodes +command +readonly"
 _NO_SHA = "0" * 40
 _GROUP, _CONSUMER = "rig-access-probe", "rig-access-probe"
 
 
 def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
-    """(command, args...) per permission `role` needs; `key` and `dlq` do not exist."""
+    """(command, args...) per permission `role` needs; `key` and `dlq` do not exist. A
+    command with a subcommand is named as one word pair ("SCRIPT LOAD"), as the cluster
+    client routes it."""
     common: list[tuple[str, ...]] = [
         ("PING",),
         ("XPENDING", key, _GROUP, "-", "+", "1"),
@@ -39,7 +60,8 @@ def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
         ("XADD", dlq, "NOMKSTREAM", "*", "probe", "1"),
         ("XRANGE", key, "-", "+", "COUNT", "1"),
         ("EVALSHA", _NO_SHA, "1", key),
-        ("SCRIPT", "LOAD", "return 0"),
+        ("SCRIPT LOAD", "return 0"),
+        ("SCRIPT EXISTS", _NO_SHA),
         ("GET", key),
         ("SET", key, "1", "XX"),
     ]
@@ -47,8 +69,8 @@ def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
         return [
             *common,
             ("XREADGROUP", "GROUP", _GROUP, _CONSUMER, "COUNT", "1", "STREAMS", key, "0"),
-            ("XGROUP", "CREATE", key, _GROUP, "0"),
-            ("XGROUP", "CREATECONSUMER", key, _GROUP, _CONSUMER),
+            ("XGROUP CREATE", key, _GROUP, "0"),
+            ("XGROUP CREATECONSUMER", key, _GROUP, _CONSUMER),
             ("PEXPIRE", key, "1"),
             ("DEL", key),
             ("HGETALL", key),
@@ -57,16 +79,17 @@ def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
         ]
     return [
         *common,
-        ("XINFO", "GROUPS", key),
-        ("XINFO", "CONSUMERS", key, _GROUP),
+        ("XINFO GROUPS", key),
+        ("XINFO CONSUMERS", key, _GROUP),
         ("XCLAIM", key, _GROUP, _CONSUMER, "0", "0-1", "JUSTID"),
         ("XREVRANGE", dlq, "+", "-", "COUNT", "1"),
         ("XDEL", dlq, "0-1"),
-        ("XGROUP", "DELCONSUMER", key, _GROUP, _CONSUMER),
+        ("XGROUP DELCONSUMER", key, _GROUP, _CONSUMER),
         ("TYPE", key),
         ("EXISTS", key),
         ("SCAN", "0", "MATCH", key, "COUNT", "1", "TYPE", "stream"),
         ("WAIT", "0", "1"),
+        ("TIME",),
     ]
 
 
@@ -82,10 +105,13 @@ async def missing_permission(client: AnyRedis, *, role: Role, streams: Sequence[
         if any(char in stream for char in "*?["):
             stream = stream.split("*")[0].split("?")[0].split("[")[0] or "rig"
         key = probe_key(stream)
-        dlq = redis_keys.dlq_key(stream, clustered=is_clustered(client))
+        dlq = redis_keys.dlq_key(key, clustered=is_clustered(client))
         for command in _probes(role, key, dlq):
+            options: dict[str, object] = {}
+            if isinstance(client, RedisCluster) and key not in command and dlq not in command:
+                options["target_nodes"] = RedisCluster.RANDOM  # a keyless command: any node
             try:
-                await client.execute_command(*command)
+                await client.execute_command(*command, **options)
             except ResponseError as exc:
                 if isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"):
                     return _missing(role, command, exc, keys=(key, dlq))
@@ -95,7 +121,7 @@ async def missing_permission(client: AnyRedis, *, role: Role, streams: Sequence[
 def _missing(
     role: Role, command: tuple[str, ...], exc: ResponseError, *, keys: tuple[str, str]
 ) -> str:
-    name = " ".join(command[:2]) if command[0] in ("XINFO", "XGROUP", "SCRIPT") else command[0]
+    name = command[0]
     key = next((arg for arg in command if arg in keys), None)
     what = f"{name} on key {key}" if key and "key" in str(exc).lower() else name
     return f"Redis user lacks a permission the {role} needs: {what} ({exc})"

@@ -349,7 +349,7 @@ class Agent:
         try:
             outcome, attempt = await self._handle(entry_id, fields, issue)
         except RedisError as exc:
-            outcome = f"left pending: AnyRedis error: {exc}"
+            outcome = f"left pending: Redis error: {exc}"
         except Exception as exc:  # a bug here must not stop the loop; the entry stays pending
             logger.exception("Unexpected error on entry %s", entry_id)
             outcome = f"left pending: {type(exc).__name__}: {exc}"

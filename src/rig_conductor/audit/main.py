@@ -437,7 +437,7 @@ def run(
         with _timed(timings, "readMs"):
             streams = dispatched_streams(loaded.events)
         with _timed(timings, "redisMs"):
-            client = sources.connect(settings.redis_url)
+            client = sources.connect(settings)
             try:
                 snapshot = sources.read_redis(client, streams=streams)
             finally:

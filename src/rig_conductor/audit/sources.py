@@ -18,8 +18,9 @@ import redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from rig_conductor.adapters import redis_streams
-from rig_conductor.domain import StreamKey
+from rig_conductor.adapters import redis_client, redis_keys
+from rig_conductor.adapters.redis_client import AnySyncRedis
+from rig_conductor.settings import RigSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -237,15 +238,14 @@ class RedisSnapshot:
     groups: int = 0
 
 
-def connect(url: str) -> redis.Redis:
-    """A synchronous client: the audit reads Redis once, on the driver."""
-    return redis.Redis.from_url(
-        url, decode_responses=True, socket_connect_timeout=5, socket_timeout=60
-    )
+def connect(settings: RigSettings) -> AnySyncRedis:
+    """A synchronous client in the configured topology: the audit reads Redis once, on the
+    driver."""
+    return redis_client.connect_sync(settings, socket_timeout=60)
 
 
 def read_redis(
-    client: redis.Redis, *, streams: Iterable[str], page_size: int = REDIS_PAGE
+    client: AnySyncRedis, *, streams: Iterable[str], page_size: int = REDIS_PAGE
 ) -> RedisSnapshot:
     """For each stream: every group's whole pending entries list (paged XPENDING), the entries
     still above each group's last-delivered id (all entries, for a stream with no group yet), and
@@ -262,7 +262,7 @@ def read_redis(
     return snapshot
 
 
-def _read_stream(client: redis.Redis, stream: str, snapshot: RedisSnapshot, page: int) -> None:
+def _read_stream(client: AnySyncRedis, stream: str, snapshot: RedisSnapshot, page: int) -> None:
     groups = client.xinfo_groups(stream)
     snapshot.groups += len(groups)
     if not groups:
@@ -288,7 +288,7 @@ def _read_stream(client: redis.Redis, stream: str, snapshot: RedisSnapshot, page
             snapshot.pending.append((stream, entry_id, name, None, "undelivered"))
 
 
-def _range_ids(client: redis.Redis, key: str, start: str, page: int) -> list[str]:
+def _range_ids(client: AnySyncRedis, key: str, start: str, page: int) -> list[str]:
     ids: list[str] = []
     while True:
         rows = cast(list[tuple[str, Any]], client.xrange(key, min=start, max="+", count=page))
@@ -298,8 +298,8 @@ def _range_ids(client: redis.Redis, key: str, start: str, page: int) -> list[str
         start = "(" + rows[-1][0]
 
 
-def _read_letters(client: redis.Redis, stream: str, snapshot: RedisSnapshot, page: int) -> None:
-    key = redis_streams.dlq_key(StreamKey(stream))
+def _read_letters(client: AnySyncRedis, stream: str, snapshot: RedisSnapshot, page: int) -> None:
+    key = redis_keys.dlq_key(stream, clustered=isinstance(client, redis.RedisCluster))
     start = "-"
     while True:
         rows = cast(

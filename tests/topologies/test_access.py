@@ -1,0 +1,114 @@
+"""Connecting as operators get it wrong: a user without a permission, a wrong password, a
+certificate the client does not trust, a bad mode. Each ends with one line saying which."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from rig_conductor.adapters import redis_access, redis_client
+from rig_conductor.adapters.redis_access import CONDUCTOR_ACL
+
+from .conftest import PASSWORD, acl_admin, env_settings
+from .servers import TlsServer
+
+
+def run(command: str, env: dict[str, str], database_url: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment.update(env, RIG_DATABASE_URL=database_url, RIG_K8S_ENABLED="false")
+    environment.setdefault("RIG_STREAMS", "rig:dispatch")
+    return subprocess.run(
+        [sys.executable, "-m", "rig_conductor", *command.split()],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def user_without_xclaim(acl_server: int) -> Iterator[str]:
+    rules = CONDUCTOR_ACL.replace("+xclaim ", "")
+    acl_admin().execute_command("ACL", "SETUSER", "no-xclaim", *rules.split(), f">{PASSWORD}")
+    yield f"redis://no-xclaim:{PASSWORD}@127.0.0.1:{acl_server}/0"
+    acl_admin().execute_command("ACL", "DELUSER", "no-xclaim")
+
+
+def test_a_missing_permission_is_named_at_start(
+    user_without_xclaim: str, database_url: str
+) -> None:
+    env = {"RIG_REDIS_URL": user_without_xclaim, "RIG_HTTP_PORT": "18099"}
+    served = run("serve", env, database_url)
+    assert served.returncode == 2, served.stderr[-2000:]
+    (line,) = [line for line in served.stderr.splitlines() if "ERROR" in line]
+    assert "Refusing to start" in line and "XCLAIM" in line
+    checked = run("check", env, database_url)
+    assert checked.returncode == 1 and "XCLAIM" in checked.stderr
+    reaped = run("reap --once", env, database_url)
+    assert reaped.returncode == 2 and "XCLAIM" in reaped.stderr and reaped.stdout == ""
+
+
+async def test_the_documented_rules_pass_every_probe_and_the_probes_change_nothing(
+    acl_envs: tuple[dict[str, str], dict[str, str]], database_url: str
+) -> None:
+    admin = acl_admin()
+    admin.xadd("rig:dispatch", {"issueId": "rc-1"})
+    admin.xgroup_create("rig:dispatch", "workers", id="0")
+    admin.xadd("rig:dispatch:dlq", {"originalId": "0-1"})
+    before = {key: admin.dump(key) for key in admin.keys("*")}
+    for role, env in zip(("conductor", "agent"), acl_envs, strict=True):
+        client = redis_client.connect(env_settings(env, database_url))
+        try:
+            assert (
+                await redis_access.missing_permission(
+                    client,
+                    role=role,
+                    streams=["rig:dispatch", "assignments:*"],  # type: ignore[arg-type]
+                )
+                is None
+            )
+        finally:
+            await client.aclose()
+    assert {key: admin.dump(key) for key in admin.keys("*")} == before
+
+
+def test_wrong_password_and_untrusted_certificate_are_told_apart(
+    tls_server: TlsServer, acl_server: int, database_url: str
+) -> None:
+    wrong = {"RIG_REDIS_URL": f"redis://rig-conductor:nope@127.0.0.1:{acl_server}/0"}
+    checked = run("check", wrong, database_url)
+    assert checked.returncode == 1 and "refused the credentials" in checked.stderr
+    untrusted = {"RIG_REDIS_URL": tls_server.url}  # no CA: the test CA is not trusted
+    checked = run("check", untrusted, database_url)
+    assert checked.returncode == 1 and "certificate" in checked.stderr, checked.stderr[-1500:]
+    trusted = {"RIG_REDIS_URL": tls_server.url, "RIG_REDIS_TLS_CA_FILE": str(tls_server.ca)}
+    checked = run("check", trusted, database_url)
+    assert checked.returncode == 0, checked.stderr[-1500:]
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"RIG_REDIS_MODE": "bogus"}, "RIG_REDIS_MODE"),
+        ({"RIG_REDIS_MODE": "sentinel"}, "RIG_REDIS_SENTINELS"),
+        (
+            {"RIG_REDIS_MODE": "cluster", "RIG_REDIS_URL": "redis://127.0.0.1:7100/2"},
+            "RIG_REDIS_URL",
+        ),
+        ({"RIG_REDIS_TLS_CA_FILE": "/nonexistent/ca.pem"}, "RIG_REDIS_TLS_CA_FILE"),
+    ],
+)
+def test_bad_topology_settings_exit_2_naming_the_variable(
+    env: dict[str, str], variable: str, database_url: str
+) -> None:
+    for command in ("check", "reap --once"):
+        done = run(command, env, database_url)
+        assert done.returncode == 2, (command, done.stderr)
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith(variable) or variable in line, line
+        assert "Traceback" not in done.stderr
