@@ -14,7 +14,7 @@ from rig_conductor.adapters import redis_access, redis_client
 from rig_conductor.adapters.redis_access import CONDUCTOR_ACL
 
 from .conftest import PASSWORD, acl_admin, env_settings
-from .servers import TlsServer
+from .servers import Cluster, TlsServer
 
 
 def run(command: str, env: dict[str, str], database_url: str) -> subprocess.CompletedProcess[str]:
@@ -112,3 +112,24 @@ def test_bad_topology_settings_exit_2_naming_the_variable(
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith(variable) or variable in line, line
         assert "Traceback" not in done.stderr
+
+
+def test_the_documented_rules_with_the_cluster_extra_work_on_a_cluster(
+    cluster: Cluster, cluster_env: dict[str, str], database_url: str
+) -> None:
+    from rig_conductor.adapters.redis_access import CLUSTER_ACL_EXTRA
+
+    from .servers import client
+
+    rules = f"{CONDUCTOR_ACL} {CLUSTER_ACL_EXTRA}".split()
+    for server in cluster.servers:
+        client(server.port).execute_command("ACL", "SETUSER", "rig-conductor", *rules, ">pw")
+    try:
+        env = {**cluster_env, "RIG_REDIS_URL": "redis://rig-conductor:pw@127.0.0.1:7100"}
+        checked = run("check", env, database_url)
+        assert checked.returncode == 0, checked.stderr[-2000:]
+        reaped = run("reap --once", env, database_url)
+        assert reaped.returncode == 0, reaped.stderr[-2000:]
+    finally:
+        for server in cluster.servers:
+            client(server.port).execute_command("ACL", "DELUSER", "rig-conductor")

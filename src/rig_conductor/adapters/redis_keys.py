@@ -27,6 +27,12 @@ def slot_prefix(stream: str, *, clustered: bool) -> str:
     """What a companion key of `stream` starts with, so that it hashes with the stream."""
     if not clustered or has_hash_tag(stream):
         return stream
+    if "}" in stream:
+        # `{a}b}:dlq` would hash `a}b` only up to the first `}`: no key can share the slot.
+        raise ValueError(
+            f"stream {stream!r} has a '}}' but no hash tag: on a Redis Cluster its dead letters "
+            "cannot share its slot; name it with a hash tag, e.g. '{orders}:new'"
+        )
     return "{" + stream + "}"
 
 
