@@ -41,6 +41,7 @@ typecheck: install
 bench: install
 	$(BIN)/python bench/reclaim.py
 	$(BIN)/python bench/reclaim_cli.py
+	$(BIN)/python bench/reclaim_cluster.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/recover.py
 	$(BIN)/python bench/recover_live.py

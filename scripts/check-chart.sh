@@ -67,9 +67,11 @@ CONFIG_ENV = [
     "RIG_DRY_RUN", "RIG_K8S_ENABLED", "RIG_K8S_NAMESPACE",
     "RIG_K8S_LABEL_SELECTOR", "RIG_LOG_FORMAT", "RIG_TENANT",
     "RIG_EVENT_RETENTION_DAYS", "RIG_ENTRY_DEADLINE_MS", "RIG_RECLAIM_DEGRADED",
-    "RIG_DEGRADED_GRACE_MS",
+    "RIG_DEGRADED_GRACE_MS", "RIG_REDIS_MODE", "RIG_REDIS_SENTINELS",
+    "RIG_REDIS_SENTINEL_MASTER", "RIG_REDIS_WAIT_REPLICAS",
 ]
-SECRET_ENV = ["RIG_DATABASE_URL", "RIG_REDIS_URL", "RIG_API_TOKENS"]
+SECRET_ENV = ["RIG_DATABASE_URL", "RIG_REDIS_URL", "RIG_API_TOKENS", "RIG_REDIS_SENTINEL_PASSWORD"]
+TLS_ENV = ["RIG_REDIS_TLS_CA_FILE", "RIG_REDIS_TLS_CERT_FILE", "RIG_REDIS_TLS_KEY_FILE"]
 
 # The metrics of the contract (exposed names: counters with _total), their types
 # and labels. Alert and dashboard queries may use only these.
@@ -163,7 +165,9 @@ def cmd_env(rendered, expected_json):
         env = env_of(c)
         names = [e["name"] for e in c.get("env", [])]
         check(len(names) == len(set(names)), f"{kind}: duplicate env names: {names}")
-        rig = sorted(n for n in names if n.startswith("RIG_") and n not in SECRET_ENV)
+        rig = sorted(
+            n for n in names if n.startswith("RIG_") and n not in SECRET_ENV and n not in TLS_ENV
+        )
         check(rig == sorted(CONFIG_ENV), f"{kind}: RIG_* names {rig} != {sorted(CONFIG_ENV)}")
         for name, want in expected.items():
             got = env.get(name, {}).get("value")
@@ -181,12 +185,25 @@ def cmd_secrets(rendered, mode):
     secrets = {d["metadata"]["name"]: d for d in find(docs, "Secret")}
     if mode == "existing":
         check(not secrets, f"existingSecret set, yet the chart renders Secrets {sorted(secrets)}")
-        want = {"RIG_DATABASE_URL": "database-url", "RIG_REDIS_URL": "redis-url", "RIG_API_TOKENS": "api-tokens"}
+        want = {"RIG_DATABASE_URL": "database-url", "RIG_REDIS_URL": "redis-url", "RIG_API_TOKENS": "api-tokens",
+                "RIG_REDIS_SENTINEL_PASSWORD": "redis-sentinel-password"}
         for env in (dep_env, job_env):
             for name, key in want.items():
                 ref = env.get(name, {}).get("valueFrom", {}).get("secretKeyRef", {})
                 check(ref.get("name") == "rig-conductor-credentials" and ref.get("key") == key,
                       f"{name}: secretKeyRef {ref}")
+            tls = {name: env.get(name, {}).get("value") for name in TLS_ENV}
+            check(tls == {"RIG_REDIS_TLS_CA_FILE": "/etc/rig/redis-tls/ca.crt",
+                          "RIG_REDIS_TLS_CERT_FILE": "/etc/rig/redis-tls/tls.crt",
+                          "RIG_REDIS_TLS_KEY_FILE": "/etc/rig/redis-tls/tls.key"}, f"TLS env {tls}")
+        for obj in (dep, job):
+            spec = obj["spec"]["template"]["spec"]
+            mounts = {m["name"]: m for m in spec["containers"][0].get("volumeMounts", [])}
+            volumes = {v["name"]: v for v in spec.get("volumes", [])}
+            check(mounts.get("redis-tls", {}).get("mountPath") == "/etc/rig/redis-tls"
+                  and mounts["redis-tls"].get("readOnly") is True, f"redis-tls mount {mounts}")
+            check(volumes.get("redis-tls", {}).get("secret", {}).get("secretName") == "redis-tls",
+                  f"redis-tls volume {volumes.get('redis-tls')}")
     else:
         main = [n for n, s in secrets.items() if "helm.sh/hook" not in s["metadata"].get("annotations", {})]
         hook = [n for n, s in secrets.items() if "helm.sh/hook" in s["metadata"].get("annotations", {})]
@@ -576,7 +593,9 @@ env_mapping() {
         "RIG_ENTRY_STALE_MS": "1234", "RIG_AGENT_DOWN_MS": "86400000",
         "RIG_SCAN_INTERVAL_S": "2.5", "RIG_STARTUP_DELAY_S": "0", "RIG_MAX_DELIVERIES": "7",
         "RIG_ENTRY_DEADLINE_MS": "0", "RIG_RECLAIM_DEGRADED": "false",
-        "RIG_DEGRADED_GRACE_MS": "4321",
+        "RIG_DEGRADED_GRACE_MS": "4321", "RIG_REDIS_MODE": "sentinel",
+        "RIG_REDIS_SENTINELS": "s-0:26379,s-1:26379", "RIG_REDIS_SENTINEL_MASTER": "rig-master",
+        "RIG_REDIS_WAIT_REPLICAS": "1",
         "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
         "RIG_K8S_LABEL_SELECTOR": "role=agent", "RIG_LOG_FORMAT": "text",
         "RIG_TENANT": "tenant-x", "RIG_EVENT_RETENTION_DAYS": "45"}'
@@ -585,7 +604,9 @@ env_mapping() {
     "${PY}" "${WORK}/chartcheck.py" env "${rendered}" '{
         "RIG_HTTP_PORT": "8080", "RIG_ENTRY_STALE_MS": "300000", "RIG_AGENT_DOWN_MS": "600000",
         "RIG_ENTRY_DEADLINE_MS": "3600000", "RIG_RECLAIM_DEGRADED": "true",
-        "RIG_DEGRADED_GRACE_MS": "300000",
+        "RIG_DEGRADED_GRACE_MS": "300000", "RIG_REDIS_MODE": "standalone",
+        "RIG_REDIS_SENTINELS": "", "RIG_REDIS_SENTINEL_MASTER": "mymaster",
+        "RIG_REDIS_WAIT_REPLICAS": "0",
         "RIG_K8S_NAMESPACE": "'"${NAMESPACE}"'", "RIG_EVENT_RETENTION_DAYS": "30",
         "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false"}'
 }

@@ -129,6 +129,9 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.existingSecretKeys.apiTokens }}
 {{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" $s.existingSecretKeys.apiTokens "optional" true) }}
 {{- end }}
+{{- if $s.existingSecretKeys.redisSentinelPassword }}
+{{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" $s.existingSecretKeys.redisSentinelPassword "optional" true) }}
+{{- end }}
 {{- else }}
 {{- if $s.databaseUrl }}
 {{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" "RIG_DATABASE_URL" "optional" false) }}
@@ -139,6 +142,9 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.apiTokens }}
 {{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" "RIG_API_TOKENS" "optional" false) }}
 {{- end }}
+{{- if $s.redisSentinelPassword }}
+{{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" "RIG_REDIS_SENTINEL_PASSWORD" "optional" false) }}
+{{- end }}
 {{- end }}
 {{- toJson $items }}
 {{- end }}
@@ -148,7 +154,7 @@ True when the chart renders its own Secret.
 */}}
 {{- define "rig-conductor.createSecret" -}}
 {{- $s := .Values.secrets }}
-{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens) }}true{{ end }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.redisSentinelPassword) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -165,6 +171,9 @@ RIG_REDIS_URL: {{ $s.redisUrl | b64enc | quote }}
 {{- end }}
 {{- if $s.apiTokens }}
 RIG_API_TOKENS: {{ $s.apiTokens | b64enc | quote }}
+{{- end }}
+{{- if $s.redisSentinelPassword }}
+RIG_REDIS_SENTINEL_PASSWORD: {{ $s.redisSentinelPassword | b64enc | quote }}
 {{- end }}
 {{- end }}
 
@@ -215,6 +224,28 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.tenant | quote }}
 - name: RIG_EVENT_RETENTION_DAYS
   value: {{ $c.eventRetentionDays | int64 | quote }}
+- name: RIG_REDIS_MODE
+  value: {{ $c.redisMode | quote }}
+- name: RIG_REDIS_SENTINELS
+  value: {{ include "rig-conductor.commaList" $c.redisSentinels | quote }}
+- name: RIG_REDIS_SENTINEL_MASTER
+  value: {{ $c.redisSentinelMaster | quote }}
+- name: RIG_REDIS_WAIT_REPLICAS
+  value: {{ $c.redisWaitReplicas | int64 | quote }}
+{{- with $root.Values.redisTls }}
+{{- if .secretName }}
+- name: RIG_REDIS_TLS_CA_FILE
+  value: {{ printf "%s/%s" (include "rig-conductor.redisTlsDir" $root) .caKey | quote }}
+{{- if and .certKey .keyKey }}
+- name: RIG_REDIS_TLS_CERT_FILE
+  value: {{ printf "%s/%s" (include "rig-conductor.redisTlsDir" $root) .certKey | quote }}
+- name: RIG_REDIS_TLS_KEY_FILE
+  value: {{ printf "%s/%s" (include "rig-conductor.redisTlsDir" $root) .keyKey | quote }}
+{{- else if or .certKey .keyKey }}
+{{- fail "redisTls: set both certKey and keyKey for a client certificate, or neither" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range (include "rig-conductor.secretEnvItems" $root | fromJsonArray) }}
 - name: {{ .env }}
   valueFrom:
@@ -228,4 +259,11 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
 {{- with $root.Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
+{{- end }}
+
+{{/*
+Where the redisTls Secret is mounted in the conductor container.
+*/}}
+{{- define "rig-conductor.redisTlsDir" -}}
+/etc/rig/redis-tls
 {{- end }}
