@@ -133,3 +133,21 @@ def test_the_documented_rules_with_the_cluster_extra_work_on_a_cluster(
     finally:
         for server in cluster.servers:
             client(server.port).execute_command("ACL", "DELUSER", "rig-conductor")
+
+
+def test_an_agent_without_a_permission_refuses_to_start_naming_it(
+    acl_server: int, database_url: str
+) -> None:
+    from rig_conductor.adapters.redis_access import AGENT_ACL
+
+    rules = AGENT_ACL.replace("+xreadgroup ", "").split()
+    acl_admin().execute_command("ACL", "SETUSER", "no-read", *rules, f">{PASSWORD}")
+    try:
+        env = {"RIG_REDIS_URL": f"redis://no-read:{PASSWORD}@127.0.0.1:{acl_server}/0"}
+        command = "agent --agent-id a --group g --handler tests.e2e.handlers:build"
+        done = run(command, env, database_url)
+    finally:
+        acl_admin().execute_command("ACL", "DELUSER", "no-read")
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert "Refusing to start" in line and "XREADGROUP" in line and "agent" in line

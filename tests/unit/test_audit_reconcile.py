@@ -143,6 +143,18 @@ def test_dispatched_entries_come_from_assignments_and_requeues(spark: SparkSessi
     assert (rows["9-0"]["origin"], rows["9-0"]["requeued_from"]) == ("requeued", "5-0")
 
 
+def test_a_dispatch_appended_again_replaces_the_entry_redis_lost(spark: SparkSession) -> None:
+    log = (
+        Log()
+        .assign("1-0", "rc-1")
+        .assign("2-0", "rc-2")
+        .add(rc.ISSUE_ASSIGNED, entry="8-0", issue="rc-1", agent="dev-e",
+             detail={"idempotencyKey": "rc-1", "replaces": "1-0"})
+    )  # fmt: skip
+    rows = {r["entry_id"]: r["issue_id"] for r in rc.dispatched(log.frame(spark)).collect()}
+    assert rows == {"2-0": "rc-2", "8-0": "rc-1"}
+
+
 def test_reports_take_the_issue_of_their_dispatch_when_they_name_none(spark: SparkSession) -> None:
     log = Log().assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
     log.add(rc.WORK_COMPLETED, entry="1-0", agent="dev-e", issue="rc-own", attempt=1)

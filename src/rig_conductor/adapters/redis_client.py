@@ -46,6 +46,26 @@ class ClusterNodeClient(Redis):
     that node, and companion keys carry the stream's hash tag (`redis_keys`)."""
 
 
+class SentinelMasterClient(Redis):
+    """The master a set of sentinels names; closing it closes the sentinel connections too."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            await sentinel.aclose()
+
+
+class SyncSentinelMasterClient(redis_sync.Redis):
+    """`SentinelMasterClient` for the audit's blocking client."""
+
+    def close(self) -> None:
+        super().close()
+        manager = getattr(self.connection_pool, "sentinel_manager", None)
+        for sentinel in getattr(manager, "sentinels", ()):
+            sentinel.close()
+
+
 def is_clustered(client: AnyRedis) -> bool:
     """True when `client` talks to a Redis Cluster, whole or one node of it."""
     return isinstance(client, RedisCluster | ClusterNodeClient)
@@ -112,7 +132,7 @@ def connect(settings: RigSettings) -> AnyRedis:
         if settings.redis_url.startswith("rediss://"):
             options["ssl"] = True
         client: Redis = sentinel.master_for(
-            settings.redis_sentinel_master, redis_class=Redis, **options
+            settings.redis_sentinel_master, redis_class=SentinelMasterClient, **options
         )
         return client
     return Redis.from_url(settings.redis_url, retry=redis_client_retry(), **common)
@@ -134,7 +154,7 @@ def connect_sync(settings: RigSettings, *, socket_timeout: float = 60) -> AnySyn
         if settings.redis_url.startswith("rediss://"):
             options["ssl"] = True
         client: redis_sync.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-            settings.redis_sentinel_master, redis_class=redis_sync.Redis, **options
+            settings.redis_sentinel_master, redis_class=SyncSentinelMasterClient, **options
         )
         return client
     return redis_sync.Redis.from_url(settings.redis_url, retry=retry, **common)

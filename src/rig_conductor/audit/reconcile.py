@@ -39,8 +39,9 @@ DEAD_LETTERED = "DEAD_LETTERED"
 DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
 HEARTBEAT = "HEARTBEAT"
 CONSUMER_WITHOUT_HEARTBEAT = "CONSUMER_WITHOUT_HEARTBEAT"
-# The kinds whose `detail` the rules read; other rows may carry it as NULL.
-DETAIL_KINDS = (RECLAIMED, DEAD_LETTERED, DEAD_LETTER_REQUEUED)
+# The kinds whose `detail` the rules read; other rows may carry it as NULL. ISSUE_ASSIGNED's
+# `replaces` names the entry a dispatch Redis lost was appended again in place of.
+DETAIL_KINDS = (ISSUE_ASSIGNED, RECLAIMED, DEAD_LETTERED, DEAD_LETTER_REQUEUED)
 
 COMPLETED, DEAD, PENDING, LOST = "completed", "dead_lettered", "pending", "lost"
 IN_PEL, UNDELIVERED = "pel", "undelivered"
@@ -135,7 +136,9 @@ def dispatched(events: DataFrame) -> DataFrame:
     """One row per dispatched entry.
 
     ISSUE_ASSIGNED rows, and DEAD_LETTER_REQUEUED rows: a dead letter put back on its stream is a
-    new entry (with the same issue) that has to be worked like any other.
+    new entry (with the same issue) that has to be worked like any other. An entry a later
+    ISSUE_ASSIGNED `replaces` (Redis lost it before anyone started it, and the conductor
+    appended the dispatch again) is not counted: its replacement is.
     Columns: stream, entry_id, issue_id, agent_id, dispatched_at, dispatch_event_id, origin
     (`assigned` / `requeued`), requeued_from (the DLQ id a requeued entry came from).
     """
@@ -146,8 +149,14 @@ def dispatched(events: DataFrame) -> DataFrame:
     )
     first = F.min_by(F.struct("id", "kind", "issue_id", "agent_id", "occurred_at", "detail"), "id")
     requeued = F.col("first.kind") == DEAD_LETTER_REQUEUED
+    replaced = (
+        rows.where(F.col("kind") == ISSUE_ASSIGNED)
+        .select("stream", F.get_json_object("detail", "$.replaces").alias("entry_id"))
+        .where(F.col("entry_id").isNotNull())
+    )
     return (
-        rows.groupBy(*ENTRY)
+        rows.join(replaced, ENTRY, "left_anti")
+        .groupBy(*ENTRY)
         .agg(first.alias("first"), F.max("issue_id").alias("any_issue"))
         .select(
             *ENTRY,

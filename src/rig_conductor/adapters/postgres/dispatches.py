@@ -29,7 +29,7 @@ _RECENT_UNSTARTED = text(
       FROM dispatches d
       LEFT JOIN assignments a
         ON a.tenant = d.tenant AND a.stream = d.stream AND a.entry_id = d.entry_id
-     WHERE d.tenant = :tenant AND d.fields IS NOT NULL
+     WHERE d.tenant = :tenant AND jsonb_typeof(d.fields) = 'object'
        AND d.created_at > now() - make_interval(secs => :window_s)
        AND a.entry_id IS NULL
      ORDER BY d.created_at

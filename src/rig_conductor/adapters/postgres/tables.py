@@ -85,7 +85,7 @@ dispatches = Table(
     Column("agent_id", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # What was appended (migration 0006): a dispatch a failover lost is appended again from it.
-    Column("fields", JSONB),
+    Column("fields", JSONB(none_as_null=True)),
     Index("ix_dispatches_entry", "stream", "entry_id"),
     Index("ix_dispatches_created", "tenant", "created_at"),
 )
