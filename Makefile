@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test test-unit test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: docs docs-serve docs-ref install run test test-unit test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -30,8 +30,8 @@ test-unit: install
 	$(BIN)/python -m pytest tests/unit
 
 lint: install
-	$(BIN)/ruff check src tests bench migrations
-	$(BIN)/ruff format --check src tests bench migrations
+	$(BIN)/ruff check src tests bench migrations scripts
+	$(BIN)/ruff format --check src tests bench migrations scripts
 	$(BIN)/lint-imports
 
 typecheck: install
@@ -76,3 +76,16 @@ lock:
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist src/*.egg-info
+
+## The documentation site (docs/ -> site/), strictly: a broken link or a missing page fails.
+docs: install
+	$(BIN)/python scripts/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+## Preview the site at http://127.0.0.1:8000 while editing docs/.
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+## Regenerate docs/reference/ from the code (settings, CLI, HTTP API, metrics, log lines).
+docs-ref: install
+	$(BIN)/python scripts/gen_reference.py

@@ -32,7 +32,7 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rig-conductor",
         description="Reclaims Redis Streams entries stuck with dead consumers.",

@@ -45,17 +45,43 @@ class RigSettings(BaseSettings):
 
     # The Redis topology ("Redis topologies" in the contract). Fields are validated in the
     # order they are declared, so the later ones can check themselves against the earlier.
-    redis_mode: RedisMode = "standalone"
-    redis_url: str = "redis://localhost:6379/0"
-    log_format: Literal["text", "json"] = "text"
-    redis_sentinels: Annotated[tuple[tuple[str, int], ...], NoDecode] = Field(
-        default=(), validate_default=True
+    redis_mode: RedisMode = Field(
+        default="standalone",
+        description="`standalone`, `cluster` (Redis Cluster; the URL names any node) or `sentinel`",
     )
-    redis_sentinel_master: str = Field(default="mymaster", min_length=1)
-    redis_sentinel_password: SecretStr | None = None
-    redis_tls_ca_file: Path | None = None
-    redis_tls_cert_file: Path | None = None
-    redis_tls_key_file: Path | None = Field(default=None, validate_default=True)
+    redis_url: str = Field(
+        default="redis://localhost:6379/0",
+        description=(
+            "Redis holding the streams: `redis://`, `rediss://` (TLS) or `unix://`, "
+            "with any ACL user and password"
+        ),
+    )
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="`text` or `json` (one object per line; `message` is the same sentence)",
+    )
+    redis_sentinels: Annotated[tuple[tuple[str, int], ...], NoDecode] = Field(
+        description="sentinel mode: comma list of `host:port` sentinels",
+        default=(),
+        validate_default=True,
+    )
+    redis_sentinel_master: str = Field(
+        description="sentinel mode: the monitored master's name", default="mymaster", min_length=1
+    )
+    redis_sentinel_password: SecretStr | None = Field(
+        default=None, description="sentinel mode: the password the sentinels require, if any"
+    )
+    redis_tls_ca_file: Path | None = Field(
+        default=None, description="CA bundle for `rediss://` URLs (and sentinels over TLS)"
+    )
+    redis_tls_cert_file: Path | None = Field(
+        default=None, description="client certificate for TLS (with `RIG_REDIS_TLS_KEY_FILE`)"
+    )
+    redis_tls_key_file: Path | None = Field(
+        description="the client certificate's key (with `RIG_REDIS_TLS_CERT_FILE`)",
+        default=None,
+        validate_default=True,
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -142,30 +168,102 @@ def _url_db(url: str) -> int:
 class Settings(RigSettings):
     """Every RIG_* variable of the contract, validated at start-up."""
 
-    database_url: str = "postgresql+psycopg://postgres:postgres@localhost:5432/rig"
-    http_host: str = "0.0.0.0"
-    http_port: int = Field(default=8080, ge=1, le=65535)
-    dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
+    database_url: str = Field(
+        default="postgresql+psycopg://postgres:postgres@localhost:5432/rig",
+        description="PostgreSQL for heartbeats, the event log and assignment state",
+    )
+    http_host: str = Field(default="0.0.0.0", description="API bind address")
+    http_port: int = Field(description="API port", default=8080, ge=1, le=65535)
+    dispatch_stream: str = Field(
+        description="where ISSUE_ASSIGNED entries are appended",
+        default="rig:dispatch",
+        min_length=1,
+    )
     # Dispatch answers only once this many replicas hold the entry (WAIT n), so an acknowledged
     # dispatch survives a failover.
-    redis_wait_replicas: int = Field(default=0, ge=0)
-    streams: CommaList = ("rig:dispatch", "assignments:*")
-    agent_ids: CommaList = ()
-    entry_stale_ms: int = Field(default=300_000, ge=0)
-    agent_down_ms: int = Field(default=600_000, gt=0)
-    scan_interval_s: float = Field(default=60.0, gt=0)
-    startup_delay_s: float = Field(default=60.0, ge=0)
-    max_deliveries: int = Field(default=5, ge=1)
-    entry_deadline_ms: int = Field(default=3_600_000, ge=0)
-    reclaim_degraded: bool = True
-    degraded_grace_ms: int = Field(default=300_000, ge=0)
-    dry_run: bool = False
-    k8s_enabled: Literal["true", "false", "auto"] = "auto"
-    k8s_namespace: str | None = None
-    k8s_label_selector: str = ""
-    api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = ()
-    tenant: str = Field(default="default", min_length=1)
-    event_retention_days: int = Field(default=30, ge=1)
+    redis_wait_replicas: int = Field(
+        description="dispatch answers 201 only once this many replicas hold the entry (`WAIT n`)",
+        default=0,
+        ge=0,
+    )
+    streams: CommaList = Field(
+        default=("rig:dispatch", "assignments:*"),
+        description=(
+            "streams the reaper scans: names or glob patterns (resolved with `SCAN "
+            "... TYPE stream`)"
+        ),
+    )
+    agent_ids: CommaList = Field(
+        default=(), description="comma list of known agent ids; ids seen in heartbeats are added"
+    )
+    entry_stale_ms: int = Field(
+        description="a pending entry idle at least this long may be reclaimed",
+        default=300_000,
+        ge=0,
+    )
+    agent_down_ms: int = Field(
+        description="no heartbeat for this long = down", default=600_000, gt=0
+    )
+    scan_interval_s: float = Field(description="reaper period (float allowed)", default=60.0, gt=0)
+    startup_delay_s: float = Field(
+        description="delay before the first scan (float allowed, 0 allowed)", default=60.0, ge=0
+    )
+    max_deliveries: int = Field(
+        description=(
+            "an entry whose delivery count has reached this is dead-lettered, not reclaimed"
+        ),
+        default=5,
+        ge=1,
+    )
+    entry_deadline_ms: int = Field(
+        description=(
+            "an entry held by a live owner with no progress for this long is "
+            "stalled and moved alone; `0` turns it off"
+        ),
+        default=3_600_000,
+        ge=0,
+    )
+    reclaim_degraded: bool = Field(
+        default=True, description="also reclaim the entries of owners that are alive but degraded"
+    )
+    degraded_grace_ms: int = Field(
+        description=(
+            "how long an owner must have reported `degraded` without a break before "
+            "its entries move"
+        ),
+        default=300_000,
+        ge=0,
+    )
+    dry_run: bool = Field(
+        default=False, description="log and count decisions, change nothing in Redis"
+    )
+    k8s_enabled: Literal["true", "false", "auto"] = Field(
+        default="auto",
+        description=(
+            "`true`, `false` or `auto` (on when running in a cluster); in-cluster "
+            "config, else `KUBECONFIG`"
+        ),
+    )
+    k8s_namespace: str | None = Field(
+        default=None,
+        description="where agent pods live (default: the pod's own namespace, else `default`)",
+    )
+    k8s_label_selector: str = Field(default="", description="selects agent pods")
+    api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "comma list of bearer tokens (the agents' role); when set, every "
+            "`/api/*` call needs one"
+        ),
+    )
+    tenant: str = Field(
+        description="tenant the control plane binds its scan to", default="default", min_length=1
+    )
+    event_retention_days: int = Field(
+        description="the event log (and the dispatch markers in Redis) keep this many days",
+        default=30,
+        ge=1,
+    )
 
     @field_validator("streams", "agent_ids", mode="before")
     @classmethod

@@ -46,12 +46,12 @@ def test_a_name_no_companion_can_share_a_slot_with_is_refused_on_a_cluster() -> 
     assert redis_keys.dlq_key("a}b{") == "a}b{:dlq"
 
 
-def test_the_readme_shows_the_acl_rules_the_tests_use() -> None:
+def test_the_docs_show_the_acl_rules_the_tests_use() -> None:
     from pathlib import Path
 
     from rig_conductor.adapters.redis_access import AGENT_ACL, CLUSTER_ACL_EXTRA, CONDUCTOR_ACL
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
     assert f"ACL SETUSER rig-conductor {CONDUCTOR_ACL} >" in readme
     assert f"ACL SETUSER rig-agent {AGENT_ACL} >" in readme
     assert CLUSTER_ACL_EXTRA in readme

@@ -19,15 +19,44 @@ _SECRET_FIELDS = frozenset({"redis_url", "api_token", "redis_sentinel_password"}
 class AgentSettings(RigSettings):
     """RIG_* variables of the contract's "Agent runtime" section, validated at start-up."""
 
-    conductor_url: str = "http://localhost:8080"
-    api_token: SecretStr | None = None
-    heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    conductor_url: str = Field(
+        default="http://localhost:8080", description="the conductor's base URL"
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="bearer token for the conductor's API, if it requires one"
+    )
+    heartbeat_interval_s: float = Field(
+        description="seconds between heartbeats", default=10.0, gt=0
+    )
     # How often the agent re-reads its own pending list (where reclaimed entries land).
-    scan_interval_s: float = Field(default=60.0, gt=0)
-    max_deliveries: int = Field(default=5, ge=1)
+    scan_interval_s: float = Field(
+        description=(
+            "how often the agent re-reads its own pending list (where reclaimed entries land)"
+        ),
+        default=60.0,
+        gt=0,
+    )
+    max_deliveries: int = Field(
+        description=(
+            "an entry delivered this many times is dead-lettered by the runtime, not handled again"
+        ),
+        default=5,
+        ge=1,
+    )
     # A handler with no progress for this long is abandoned (reaper rule 4b); 0 turns it off.
-    entry_deadline_ms: int = Field(default=3_600_000, ge=0)
-    dispatch_stream: str = Field(default="rig:dispatch", min_length=1)
+    entry_deadline_ms: int = Field(
+        description=(
+            "a handler with no progress for this long is abandoned (the reaper "
+            "moves its entry); `0` turns it off"
+        ),
+        default=3_600_000,
+        ge=0,
+    )
+    dispatch_stream: str = Field(
+        description="the stream read when `--stream` is not given",
+        default="rig:dispatch",
+        min_length=1,
+    )
 
     @field_validator("conductor_url")
     @classmethod
