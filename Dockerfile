@@ -15,6 +15,7 @@
 # where Spark runs.
 
 ARG PYTHON_IMAGE=python:3.11-slim
+#checkov:skip=CKV_DOCKER_7:The base is the PYTHON_IMAGE build argument, a pinned python:3.11-slim by default (scripts/build-image.sh passes a local base)
 
 FROM ${PYTHON_IMAGE} AS builder
 

