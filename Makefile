@@ -20,7 +20,7 @@ run: install
 
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
-	$(BIN)/python -m pytest --ignore=tests/install --ignore=tests/image
+	$(BIN)/python -m pytest --ignore=tests/install --ignore=tests/image --ignore=tests/chart
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -54,9 +54,9 @@ chaos: install
 chaos-quick: install
 	$(BIN)/python bench/chaos.py --quick
 
-## Helm chart and Dockerfile checks with the real helm, kubernetes-validate and hadolint.
-chart:
-	scripts/check-chart.sh
+## Helm chart and Dockerfile checks (tests/chart): real helm, kubernetes-validate, promtool, hadolint, checkov.
+chart: install
+	$(BIN)/python -m pytest tests/chart
 
 ## The container image without a Docker daemon (buildah; see scripts/build-image.sh).
 image:

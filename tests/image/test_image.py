@@ -27,12 +27,11 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.e2e.fleet import Fleet, accepted_completions, dispatch, heard_from, pending
+from tests.image.hardening import HARDENED, IMAGE, READINESS_PATH
 from tests.integration.helpers import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-IMAGE = "localhost/rig-conductor:test"
 CACHE = os.environ.get("RIG_IMAGE_CACHE", "/var/cache/rig-conductor")
-HARDENED = ["--network", "host", "--read-only", "--cap-drop=all", "--user", "10001:10001"]
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -97,7 +96,7 @@ def conductor(
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
+                if httpx.get(f"{url}{READINESS_PATH}").status_code == 200:
                     break
             except httpx.TransportError:
                 pass

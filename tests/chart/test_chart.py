@@ -1,0 +1,207 @@
+"""The Helm chart and the Dockerfile, checked with the real tools: helm lint --strict,
+kubernetes-validate --strict, the rendered environment, security and Secret wiring, hadolint
+and checkov."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.chart import chartcheck
+from tests.chart.conftest import (
+    ALL_FEATURES,
+    KUBE_VERSIONS,
+    NAMESPACE,
+    REPO,
+    TESTDATA,
+    Render,
+    Tools,
+    helm_lint,
+)
+
+VALUES = {
+    "defaults": (),
+    "all-features": ("-f", ALL_FEATURES),
+    "chart-secret": ("-f", TESTDATA / "chart-secret-values.yaml"),
+}
+
+
+@pytest.mark.parametrize("values", list(VALUES))
+def test_helm_lint_strict_passes(tools: Tools, values: str) -> None:
+    done = helm_lint(tools, *VALUES[values])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_helm_lint_rejects_wrong_types(tools: Tools) -> None:
+    done = helm_lint(tools, "-f", TESTDATA / "bad-values.yaml")
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, "the schema must reject tests/chart/bad-values.yaml"
+    assert "replicaCount" in out and "entryStaleMs" in out, out  # for the schema's reasons
+
+
+@pytest.mark.parametrize(
+    ("values", "crds"),
+    [("defaults", ""), ("all-features", "PrometheusRule,ServiceMonitor"), ("chart-secret", "")],
+)
+def test_kubernetes_validate_strict(
+    tools: Tools, render: Render, tmp_path: Path, values: str, crds: str
+) -> None:
+    rendered = render(*VALUES[values])
+    core, crd = tmp_path / "core.yaml", tmp_path / "crd.yaml"
+    chartcheck.run(chartcheck.cmd_split, str(rendered), str(core), str(crd), crds)
+    versions = [arg for v in KUBE_VERSIONS for arg in ("-k", v)]
+    done = subprocess.run(
+        [str(tools.kubernetes_validate), "--strict", "--quiet", *versions, str(core)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    # kubernetes-validate only warns about a kind it has no schema for: every core kind must
+    # have one, so any output is a failure.
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout
+    if crds:
+        chartcheck.run(chartcheck.cmd_crds, str(crd), str(TESTDATA / "crd-schemas.json"))
+
+
+def test_values_reach_their_rig_variables(render: Render) -> None:
+    rendered = render("-f", TESTDATA / "env-values.yaml", "--set", "config.entryStaleMs=1234")
+    chartcheck.run(
+        chartcheck.cmd_env,
+        str(rendered),
+        json.dumps(
+            {
+                "RIG_HTTP_HOST": "::", "RIG_HTTP_PORT": "9091",
+                "RIG_DISPATCH_STREAM": "env:dispatch",
+                "RIG_STREAMS": "env:a,env:b*", "RIG_AGENT_IDS": "agent-a,agent-b",
+                "RIG_ENTRY_STALE_MS": "1234", "RIG_AGENT_DOWN_MS": "86400000",
+                "RIG_SCAN_INTERVAL_S": "2.5", "RIG_STARTUP_DELAY_S": "0", "RIG_MAX_DELIVERIES": "7",
+                "RIG_ENTRY_DEADLINE_MS": "0", "RIG_RECLAIM_DEGRADED": "false",
+                "RIG_DEGRADED_GRACE_MS": "4321", "RIG_REDIS_MODE": "sentinel",
+                "RIG_REDIS_SENTINELS": "s-0:26379,s-1:26379",
+                "RIG_REDIS_SENTINEL_MASTER": "rig-master", "RIG_REDIS_WAIT_REPLICAS": "1",
+                "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
+                "RIG_K8S_LABEL_SELECTOR": "role=agent", "RIG_LOG_FORMAT": "text",
+                "RIG_TENANT": "tenant-x", "RIG_EVENT_RETENTION_DAYS": "45",
+            }
+        ),
+    )  # fmt: skip
+    chartcheck.run(
+        chartcheck.cmd_env,
+        str(render(name="defaults")),
+        json.dumps(
+            {
+                "RIG_HTTP_PORT": "8080", "RIG_ENTRY_STALE_MS": "300000",
+                "RIG_AGENT_DOWN_MS": "600000", "RIG_ENTRY_DEADLINE_MS": "3600000",
+                "RIG_RECLAIM_DEGRADED": "true", "RIG_DEGRADED_GRACE_MS": "300000",
+                "RIG_REDIS_MODE": "standalone", "RIG_REDIS_SENTINELS": "",
+                "RIG_REDIS_SENTINEL_MASTER": "mymaster", "RIG_REDIS_WAIT_REPLICAS": "0",
+                "RIG_K8S_NAMESPACE": NAMESPACE, "RIG_EVENT_RETENTION_DAYS": "30",
+                "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false",
+            }
+        ),
+    )  # fmt: skip
+
+
+def test_security_context_probes_hooks_and_rbac(render: Render) -> None:
+    chartcheck.run(chartcheck.cmd_policy, str(render()))
+
+
+def test_secrets_are_wired_from_an_existing_or_the_chart_secret(render: Render) -> None:
+    chartcheck.run(chartcheck.cmd_secrets, str(render("-f", ALL_FEATURES)), "existing")
+    secret = render("-f", TESTDATA / "chart-secret-values.yaml", name="chart-secret")
+    chartcheck.run(chartcheck.cmd_secrets, str(secret), "chart")
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile(tools: Tools) -> None:
+    done = subprocess.run(
+        [str(tools.hadolint), "--no-color", "Dockerfile"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert done.returncode == 0 and not done.stdout.strip(), done.stdout + done.stderr
+
+
+def test_checkov_finds_nothing_but_the_skips_the_chart_explains(
+    tools: Tools, render: Render
+) -> None:
+    """Every checkov finding is fixed, or skipped on its object with the reason
+    (rig-conductor.checkovSkips, the Dockerfile's checkov:skip comment). Nothing is downloaded."""
+    files = [render(*args, name=name) for name, args in VALUES.items()]
+    chart = [str(tools.checkov), "--framework", "kubernetes", "--skip-download", "--compact"]
+    done = subprocess.run(
+        [*chart, "--quiet", *[arg for f in files for arg in ("-f", str(f))]],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    dockerfile = [str(tools.checkov), "--framework", "dockerfile", "--skip-download", "--quiet"]
+    done = subprocess.run(
+        [*dockerfile, "-f", "Dockerfile"], capture_output=True, text=True, check=False, cwd=REPO
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    for doc in yaml.safe_load_all(files[0].read_text()):
+        for key, value in ((doc or {}).get("metadata", {}).get("annotations") or {}).items():
+            if key.startswith("checkov.io/skip"):
+                check_id, _, reason = value.partition("=")
+                assert check_id.startswith("CKV") and len(reason.strip()) >= 20, (key, value)
+
+
+def test_the_container_spec_asks_for_what_the_image_smoke_test_runs(render: Render) -> None:
+    """The Deployment runs the image tests/image builds and smoke-tests, the way it ran there:
+    its user, a read-only root, no capabilities, the probes on the endpoints it answered."""
+    from tests.image import hardening
+
+    rendered = render(
+        "--set", f"image.repository={hardening.IMAGE_REPOSITORY}",
+        "--set", f"image.tag={hardening.IMAGE_TAG}",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(rendered.read_text()) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == hardening.IMAGE
+    security = container["securityContext"]
+    assert (security["runAsUser"], security["runAsGroup"]) == (hardening.USER, hardening.GROUP)
+    assert pod["securityContext"]["runAsUser"] == hardening.USER
+    assert security["readOnlyRootFilesystem"] is True  # --read-only
+    assert security["capabilities"]["drop"] == ["ALL"]  # --cap-drop=all
+    assert security["allowPrivilegeEscalation"] is False and security["runAsNonRoot"] is True
+    assert container["ports"][0]["containerPort"] == hardening.HTTP_PORT
+    assert container["livenessProbe"]["httpGet"]["path"] == hardening.LIVENESS_PATH
+    assert container["readinessProbe"]["httpGet"]["path"] == hardening.READINESS_PATH
+    resources = container["resources"]
+    assert resources["requests"]["cpu"] and resources["requests"]["memory"]
+    assert resources["limits"]["memory"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/tmp" in mounts  # the only place the process writes, as in the smoke test
+
+
+def test_the_built_image_is_configured_as_the_chart_runs_it() -> None:
+    """With the image built (make test-image runs first in .ci/run): its user and port are the
+    ones the chart's container spec assumes."""
+    import os
+    import shutil
+
+    from tests.image import hardening
+
+    if shutil.which("podman") is None:
+        pytest.skip("no podman: the image is built and inspected where .ci/run runs")
+    cache = os.environ.get("RIG_IMAGE_CACHE", "/var/cache/rig-conductor")
+    env = {**os.environ, "CONTAINERS_CONF": f"{cache}/containers.conf"}
+    found = subprocess.run(
+        ["podman", "image", "inspect", hardening.IMAGE], capture_output=True, text=True, env=env
+    )
+    if found.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"{hardening.IMAGE} is not built: make test-image runs before make chart")
+        pytest.skip(f"{hardening.IMAGE} is not built here (make test-image builds it)")
+    config = json.loads(found.stdout)[0]["Config"]
+    assert config["User"] in (str(hardening.USER), f"{hardening.USER}:{hardening.GROUP}")
+    assert f"{hardening.HTTP_PORT}/tcp" in config.get("ExposedPorts", {})
