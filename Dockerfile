@@ -31,8 +31,12 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY src/ src/
 COPY migrations/ migrations/
 
-# constraints.txt: the versions CI tested (make lock).
-RUN pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels .
+# constraints.txt: the versions CI tested (make lock). A base without pip (the slim one
+# scripts/build-image.sh makes) gets it from ensurepip; the runtime stage borrows a pip wheel
+# from here, so the image itself carries no pip.
+RUN (python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade) \
+    && python -m pip wheel --no-cache-dir --constraint constraints.txt --wheel-dir /wheels . \
+    && python -m pip download --no-cache-dir --no-deps --only-binary=:all: --dest /pip pip
 
 
 FROM ${PYTHON_IMAGE} AS runtime
@@ -58,17 +62,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HOME=/tmp \
     RIG_HTTP_PORT=8080
 
-# The wheels are bind-mounted from the builder stage, so they never become a
-# layer of this image. pip compiles the installed modules to bytecode here, at
-# build time, so nothing needs to be written at run time.
-# The kubernetes client ships an asyncio copy of itself (kubernetes.aio, about 70 MB) that
-# nothing here imports, and pip and setuptools have no use once the wheels are in: all three
-# go in the same step, so no layer keeps them.
+# The wheels, and the pip that installs them (run from its wheel), are bind-mounted from the
+# builder stage, so they never become a layer of this image. pip compiles the installed modules
+# to bytecode here, at build time, so nothing needs to be written at run time.
+# scripts/prune_image.py then removes, in the same step so no layer keeps them, what nothing
+# here loads: the Kubernetes client's asyncio copy, its API groups and models beyond pods and
+# Leases, SQLAlchemy's test suite. A base that brought its own pip and setuptools loses them.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
-    && pip check \
-    && python -c "import kubernetes, pathlib, shutil; shutil.rmtree(pathlib.Path(kubernetes.__file__).parent / 'aio')" \
-    && pip uninstall --yes --quiet pip setuptools \
+    --mount=type=bind,from=builder,source=/pip,target=/pip \
+    --mount=type=bind,source=scripts/prune_image.py,target=/prune_image.py \
+    python "$(ls /pip/pip-*.whl)/pip" install --no-cache-dir --no-index --find-links=/wheels /wheels/*.whl \
+    && python "$(ls /pip/pip-*.whl)/pip" check \
+    && python /prune_image.py \
+    && (python -m pip uninstall --yes --quiet pip setuptools 2>/dev/null || true) \
     && groupadd --gid 10001 rig \
     && useradd --uid 10001 --gid 10001 --no-create-home \
         --home-dir /nonexistent --shell /usr/sbin/nologin rig

@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${1:-localhost/rig-conductor:dev}
 CACHE=${RIG_IMAGE_CACHE:-/var/cache/rig-conductor}
-BASE_TAR="${CACHE}/base-bookworm-python3.tar"
-BASE_IMAGE=localhost/rig-python-base:bookworm
+BASE_TAR="${CACHE}/base-bookworm-python3-nopip.tar"
+BASE_IMAGE=localhost/rig-python-base:bookworm-nopip
 mkdir -p "${CACHE}"
 
 # A private containers.conf: runc (crun fails on this kernel's hybrid cgroups), cgroupfs, and
@@ -27,8 +27,8 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 CONF
 
-# The base: Debian's python3 in a venv at /usr/local/python, without docs, man pages or
-# locales. Cached: it changes only with Debian's bookworm packages.
+# The base: Debian's python3 in a venv at /usr/local/python (without pip: the image borrows
+# one from the builder stage), without docs, man pages or locales. Cached: it changes only with Debian's bookworm packages.
 if [[ ! -s "${BASE_TAR}" ]]; then
     echo "building the base rootfs (mmdebstrap, bookworm minbase + python3)"
     mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,passwd,ca-certificates \
@@ -37,7 +37,7 @@ if [[ ! -s "${BASE_TAR}" ]]; then
         --dpkgopt='path-include=/usr/share/doc/*/copyright' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/info/*' \
-        --customize-hook='chroot "$1" python3 -m venv /usr/local/python' \
+        --customize-hook='chroot "$1" python3 -m venv --without-pip /usr/local/python' \
         --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/*' \
         bookworm "${BASE_TAR}.part"
     mv "${BASE_TAR}.part" "${BASE_TAR}"
