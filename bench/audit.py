@@ -28,8 +28,7 @@ from pyspark.sql import SparkSession
 
 from common import conninfo, ensure_database
 from rig_conductor.adapters.postgres import migrations
-from rig_conductor.audit import main as audit
-from rig_conductor.audit import sources
+from rig_conductor.audit import job, session, sources
 from rig_conductor.settings import Settings
 
 DEFAULT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/rig_bench_audit"
@@ -195,10 +194,10 @@ def audit_once(
     parts: int | None,
 ) -> Result:
     settings = Settings(database_url=url, redis_url=redis_url, tenant=tenant)
-    options = audit.AuditOptions(output=out, until=until, partitions=parts)
+    options = session.AuditOptions(output=out, until=until, partitions=parts)
     source = sources.jdbc_source(settings.sqlalchemy_url)
     timings: dict[str, int] = {}
-    summary = audit.run(
+    summary = job.run(
         spark,
         settings=settings,
         options=options,
@@ -233,10 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [int(s.replace("_", "")) for s in args.sizes.split(",")]
     url = os.environ.get("RIG_BENCH_DATABASE_URL", DEFAULT_DATABASE)
     redis_url = os.environ.get("RIG_BENCH_REDIS_URL", DEFAULT_REDIS)
-    jar = Path(os.environ.get(audit.JDBC_JAR_ENV) or audit.DEFAULT_JDBC_JAR)
+    jar = Path(os.environ.get(session.JDBC_JAR_ENV) or session.DEFAULT_JDBC_JAR)
     if not jar.is_file():
         print(
-            f"bench/audit.py: no JDBC driver at {jar} (set {audit.JDBC_JAR_ENV})", file=sys.stderr
+            f"bench/audit.py: no JDBC driver at {jar} (set {session.JDBC_JAR_ENV})", file=sys.stderr
         )
         return 2
 
@@ -249,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dataset {tenant}: {rows:,} events ({note})", flush=True)
         datasets.append((size, tenant))
 
-    options = audit.AuditOptions(
+    options = session.AuditOptions(
         output=Path("."),
         master="local[2]",
         conf=(("spark.driver.memory", args.driver_memory),),
         jdbc_jar=jar,
     )
     started = time.perf_counter()
-    spark, _ = audit.spark_session(options)
+    spark, _ = session.spark_session(options)
     spark_start = time.perf_counter() - started
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:

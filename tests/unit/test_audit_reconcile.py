@@ -17,9 +17,14 @@ require_pyspark()
 
 from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 
+from rig_conductor.audit import (  # noqa: E402
+    duplicates,
+    sources,
+    timelines,
+)
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.audit import reconcile as rc  # noqa: E402
-from rig_conductor.audit import sources  # noqa: E402
+from rig_conductor.audit import session as audit_session  # noqa: E402
 from tests.audit_conftest import spark_fixture  # noqa: E402, F401
 
 if TYPE_CHECKING:
@@ -341,7 +346,7 @@ def test_pending_over_time_is_dispatched_minus_finished(spark: SparkSession) -> 
         [(at(5), at(25)), (at(15), at(47)), (at(16), None)],
         "dispatched_at timestamp, finished_at timestamp",
     )
-    rows = rc.pending_over_time(status, bucket_ms=10_000).collect()
+    rows = timelines.pending_over_time(status, bucket_ms=10_000).collect()
     assert [
         (r["bucket_start"].astimezone(UTC), r["dispatched"], r["finished"], r["outstanding"])
         for r in rows
@@ -404,9 +409,9 @@ class DuplicateWorld:
 def dupes(spark: SparkSession) -> DuplicateWorld:
     events = duplicate_world().frame(spark)
     reports = rc.work_reports(events, rc.dispatched(events)).cache()
-    overlaps = rc.overlapping_attempts(reports).cache()
+    overlaps = duplicates.overlapping_attempts(reports).cache()
     return DuplicateWorld(
-        duplicates={r["issue_id"]: r for r in rc.duplicates(reports, overlaps).collect()},
+        duplicates={r["issue_id"]: r for r in duplicates.duplicates(reports, overlaps).collect()},
         overlaps={r["entry_id"]: r for r in overlaps.collect()},
     )
 
@@ -481,14 +486,14 @@ def test_reclaim_latency_is_the_reclaim_time_minus_the_last_heartbeat(spark: Spa
     reclaim(log, latency_ms=2_000, when=at(200), entry="2-0")
     reclaim(log, latency_ms=4_000.5, when=at(300), entries=["3-0", "4-0"])  # one batch row
     reclaim(log, latency_ms=None, when=at(400), entry="5-0")  # the owner never heartbeated
-    rows = {r["entry_id"]: r for r in rc.reclaims(log.frame(spark)).collect()}
+    rows = {r["entry_id"]: r for r in timelines.reclaims(log.frame(spark)).collect()}
     assert sorted(rows) == ["1-0", "2-0", "3-0", "4-0", "5-0"]
     assert rows["1-0"]["latency_ms"] == 1_000.0
     assert (rows["1-0"]["idle_ms"], rows["1-0"]["deliveries"]) == (5, 2)
     assert rows["4-0"]["latency_ms"] == 4_000.5
     assert (rows["4-0"]["to_consumer"], rows["4-0"]["from_consumer"]) == ("dev-e-0", "ops-e-0")
     assert rows["5-0"]["latency_ms"] is None
-    stats = rc.reclaim_latency(rc.reclaims(log.frame(spark))).first()
+    stats = timelines.reclaim_latency(timelines.reclaims(log.frame(spark))).first()
     assert stats is not None
     # 1000, 2000, 4000.5, 4000.5: linear interpolation between closest ranks.
     assert (stats["reclaims"], stats["measured"]) == (5, 4)
@@ -506,14 +511,14 @@ def test_reclaims_are_counted_by_reason(spark: SparkSession) -> None:
     reclaim(log, latency_ms=None, when=at(10), entry="10-0", detail={"reasons": ["x"]})
     counts = {
         r["reason"]: r["reclaims"]
-        for r in rc.reclaims_by_reason(rc.reclaims(log.frame(spark))).collect()
+        for r in timelines.reclaims_by_reason(timelines.reclaims(log.frame(spark))).collect()
     }
     assert counts == {"degraded": 2, "down": 2, "manual": 1, "pod-gone": 2, "stalled": 1}
 
 
 def test_reclaim_latency_without_reclaims_is_null(spark: SparkSession) -> None:
     log = Log().assign("1-0", "rc-1")
-    stats = rc.reclaim_latency(rc.reclaims(log.frame(spark))).first()
+    stats = timelines.reclaim_latency(timelines.reclaims(log.frame(spark))).first()
     assert stats is not None
     assert (stats["reclaims"], stats["measured"], stats["p50"], stats["max"]) == (0, 0, None, None)
 
@@ -522,7 +527,7 @@ def test_the_latency_histogram_counts_every_measured_reclaim(spark: SparkSession
     log = Log()
     for n, latency in enumerate((100.0, 150.0, 900.0, 1_000.0, None)):
         reclaim(log, latency_ms=latency, when=at(10 * n + 10), entry=f"{n}-0")
-    bins = rc.latency_histogram(rc.reclaims(log.frame(spark)), bins=9).collect()
+    bins = timelines.latency_histogram(timelines.reclaims(log.frame(spark)), bins=9).collect()
     assert sum(b["count"] for b in bins) == 4
     assert bins[0]["bin_start_ms"] == pytest.approx(100.0)
     assert (bins[0]["count"], bins[-1]["bin"], bins[-1]["count"]) == (2, 8, 2)
@@ -543,8 +548,8 @@ def test_gaps_longer_than_the_threshold_count_as_down_time(spark: SparkSession) 
     beats(log, "steady", [0, 9, 18, 27, 36])
     beats(log, "gone", [0, 2])  # silent for the last 38 minutes
     beats(log, "late", [0, 30, 50])  # the beat at 50 is after the window's end
-    gaps = rc.heartbeat_gaps(log.frame(spark), window_end=T0 + timedelta(minutes=40)).cache()
-    rows = {r["agent_id"]: r for r in rc.availability(gaps, down_ms=10 * MINUTE).collect()}
+    gaps = timelines.heartbeat_gaps(log.frame(spark), window_end=T0 + timedelta(minutes=40)).cache()
+    rows = {r["agent_id"]: r for r in timelines.availability(gaps, down_ms=10 * MINUTE).collect()}
     flaky = rows["flaky"]
     assert flaky["observed_ms"] == 40 * MINUTE
     assert flaky["down_ms"] == 20 * MINUTE
@@ -560,7 +565,7 @@ def test_gaps_longer_than_the_threshold_count_as_down_time(spark: SparkSession) 
         40 * MINUTE,
         30 * MINUTE,
     )
-    periods = rc.down_periods(gaps, down_ms=10 * MINUTE).collect()
+    periods = timelines.down_periods(gaps, down_ms=10 * MINUTE).collect()
     assert [(p["agent_id"], p["duration_ms"], p["still_down"]) for p in periods] == [
         ("flaky", 20 * MINUTE, False),
         ("gone", 38 * MINUTE, True),
@@ -577,7 +582,7 @@ def test_detector_sightings_are_counted_per_consumer(spark: SparkSession) -> Non
     for _ in range(3):
         log.add(rc.CONSUMER_WITHOUT_HEARTBEAT, consumer="x-0", group="g", detail={"pending": 2})
     log.add(rc.CONSUMER_WITHOUT_HEARTBEAT, consumer="y-0", group="g")
-    rows = rc.detector_sightings(log.frame(spark)).collect()
+    rows = timelines.detector_sightings(log.frame(spark)).collect()
     assert [(r["consumer"], r["sightings"]) for r in rows] == [("x-0", 3), ("y-0", 1)]
 
 
@@ -595,7 +600,7 @@ def test_per_entry_unrolls_rows_about_several_entries(spark: SparkSession) -> No
     [(0, 1_000), (120_000, 1_000), (121_000, 5_000), (3_600_000, 30_000), (1e12, 7 * 86_400_000)],
 )
 def test_choose_bucket_ms(span_ms: float, bucket: int) -> None:
-    assert rc.choose_bucket_ms(span_ms) == bucket
+    assert timelines.choose_bucket_ms(span_ms) == bucket
 
 
 @pytest.mark.parametrize(
@@ -659,8 +664,8 @@ def test_instants_without_an_offset_are_utc() -> None:
 
 @pytest.mark.parametrize(("master", "partitions"), [("local[2]", 4), ("local[4]", 8), ("local", 4)])
 def test_local_shuffle_partitions(master: str, partitions: int) -> None:
-    assert audit_main.local_shuffle_partitions(master) == partitions
+    assert audit_session.local_shuffle_partitions(master) == partitions
 
 
 def test_a_failure_is_described_in_one_line() -> None:
-    assert audit_main.describe(ValueError("first\nsecond")) == "ValueError: first"
+    assert audit_session.describe(ValueError("first\nsecond")) == "ValueError: first"

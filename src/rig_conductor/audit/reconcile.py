@@ -13,8 +13,6 @@ row, a letter in `<stream>:dlq`, or a requeue of a letter that never reached the
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -115,11 +113,11 @@ def entry_order(stream: str = "stream", entry_id: str = "entry_id") -> list[Colu
     return [F.col(stream), stream_id_ms(entry_id), stream_id_seq(entry_id), F.col(entry_id)]
 
 
-def _millis_between(later: Column, earlier: Column) -> Column:
+def millis_between(later: Column, earlier: Column) -> Column:
     return (F.unix_micros(later) - F.unix_micros(earlier)) / F.lit(1000.0)
 
 
-def _json(field: str) -> Column:
+def json_field(field: str) -> Column:
     return F.get_json_object(F.col("detail"), f"$.{field}")
 
 
@@ -213,9 +211,9 @@ def dead_letters(events: DataFrame, queue: DataFrame) -> DataFrame:
         *ENTRY,
         "issue_id",
         F.col("occurred_at").alias("at"),
-        _json("dlqId").alias("dlq_id"),
-        _json("reason").alias("reason"),
-        _json("deliveries").try_cast("int").alias("deliveries"),
+        json_field("dlqId").alias("dlq_id"),
+        json_field("reason").alias("reason"),
+        json_field("deliveries").try_cast("int").alias("deliveries"),
         F.lit("event-log").alias("source"),
     )
     queued = queue.where(F.col("original_id").isNotNull()).select(
@@ -255,11 +253,11 @@ def unmatched_requeues(events: DataFrame) -> DataFrame:
         "issue_id",
         F.col("id").alias("requeue_event_id"),
         F.col("occurred_at").alias("requeued_at"),
-        _json("dlqId").alias("dlq_id"),
+        json_field("dlqId").alias("dlq_id"),
     )
     logged = (
         per_entry(events.where(F.col("kind") == DEAD_LETTERED))
-        .select("stream", _json("dlqId").alias("dlq_id"))
+        .select("stream", json_field("dlqId").alias("dlq_id"))
         .where(F.col("dlq_id").isNotNull())
     )
     return requeues.join(logged, ["stream", "dlq_id"], "left_anti")
@@ -397,262 +395,6 @@ def lost(status: DataFrame) -> DataFrame:
     )
 
 
-def overlapping_attempts(reports: DataFrame) -> DataFrame:
-    """Reports of an older attempt, fenced or not, made after a newer attempt had started.
-
-    "After" is event-log order (the id), which for one entry is the order in which its
-    conditional updates committed. Each such report is paired with the first newer start it
-    followed. Columns: stream, entry_id, issue_id, older_event_id, older_kind, older_worker,
-    older_attempt, older_fenced, older_reported_at, newer_attempt, newer_worker, newer_started_at.
-    """
-    starts = reports.where(
-        (F.col("kind") == WORK_STARTED) & ~F.col("fenced") & F.col("attempt").isNotNull()
-    ).select(
-        *ENTRY,
-        F.col("id").alias("newer_id"),
-        F.col("attempt").alias("newer_attempt"),
-        F.col("worker").alias("newer_worker"),
-        F.col("occurred_at").alias("newer_started_at"),
-    )
-    older = reports.where(F.col("attempt").isNotNull())
-    pairs = older.join(starts, ENTRY).where(
-        (F.col("newer_attempt") > F.col("attempt")) & (F.col("newer_id") < F.col("id"))
-    )
-    first_newer = F.min_by(
-        F.struct("newer_attempt", "newer_worker", "newer_started_at"), "newer_id"
-    ).alias("newer")
-    return (
-        pairs.groupBy(
-            "id", *ENTRY, "issue_id", "kind", "worker", "attempt", "fenced", "occurred_at"
-        )
-        .agg(first_newer)
-        .select(
-            *ENTRY,
-            "issue_id",
-            F.col("id").alias("older_event_id"),
-            F.col("kind").alias("older_kind"),
-            F.col("worker").alias("older_worker"),
-            F.col("attempt").alias("older_attempt"),
-            F.col("fenced").alias("older_fenced"),
-            F.col("occurred_at").alias("older_reported_at"),
-            F.col("newer.newer_attempt").alias("newer_attempt"),
-            F.col("newer.newer_worker").alias("newer_worker"),
-            F.col("newer.newer_started_at").alias("newer_started_at"),
-        )
-    )
-
-
-def _issue_key(prefix: str = "") -> Column:
-    """Groups by issue; a report with no known issue stands for its entry alone."""
-    return F.coalesce(
-        F.col(f"{prefix}issue_id"),
-        F.concat(F.lit("entry:"), F.col(f"{prefix}stream"), F.lit("/"), F.col(f"{prefix}entry_id")),
-    )
-
-
-def duplicates(reports: DataFrame, overlaps: DataFrame) -> DataFrame:
-    """Issues worked twice: completed (accepted) by more than one consumer, or with two attempts
-    running at once (`overlapping_attempts`).
-
-    Columns: issue_id, consumers (sorted), reasons, entries (stream, entry_id).
-    """
-    entry = F.struct(*ENTRY)
-    done = completions(reports).withColumn("issue_key", _issue_key())
-    # Cheap first: the few issues whose completions name more than one worker...
-    several = (
-        done.groupBy("issue_key")
-        .agg(F.min("worker").alias("first"), F.max("worker").alias("last"))
-        .where(F.col("first") != F.col("last"))
-        .select("issue_key")
-    )
-    # ...then the details for those only.
-    by_consumers = (
-        done.join(several, "issue_key")
-        .groupBy("issue_key")
-        .agg(
-            F.max("issue_id").alias("issue_id"),
-            F.array_sort(F.collect_set("worker")).alias("consumers"),
-            F.collect_set(entry).alias("entries"),
-        )
-        .withColumn("reason", F.lit(BY_SEVERAL_CONSUMERS))
-    )
-    overlapping = overlaps.select(
-        _issue_key().alias("issue_key"),
-        "issue_id",
-        F.array_compact(F.array("older_worker", "newer_worker")).alias("consumers"),
-        F.array(entry).alias("entries"),
-        F.lit(OVERLAPPING_ATTEMPTS).alias("reason"),
-    )
-    return (
-        by_consumers.unionByName(overlapping)
-        .groupBy("issue_key")
-        .agg(
-            F.max("issue_id").alias("issue_id"),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list("consumers")))).alias(
-                "consumers"
-            ),
-            F.array_sort(F.collect_set("reason")).alias("reasons"),
-            F.array_sort(F.array_distinct(F.flatten(F.collect_list("entries")))).alias("entries"),
-        )
-        .orderBy("issue_key")
-        .drop("issue_key")
-    )
-
-
-def reclaims(events: DataFrame) -> DataFrame:
-    """One row per reclaimed entry, batches unrolled, with its latency: the reclaim's time minus
-    the old owner's newest heartbeat (`lastHeartbeatAt`; NULL when it never sent one).
-
-    Columns: event_id, reclaimed_at, stream, group_name, entry_id, from_consumer, from_agent,
-    to_consumer, to_agent, reason, reasons (JSON), idle_ms, deliveries, last_heartbeat_at,
-    latency_ms. `reason` is the move's (pod-gone, down, degraded, stalled, manual); rows written
-    before reasons existed say `pod-gone` when the pod was gone, else `down`.
-    """
-    heartbeat = F.try_to_timestamp(_json("lastHeartbeatAt"))
-    reason = F.coalesce(
-        _json("reason"),
-        F.when(F.instr(F.coalesce(_json("reasons"), F.lit("")), '"pod-gone"') > 0, "pod-gone"),
-        F.lit("down"),
-    )
-    return per_entry(events.where(F.col("kind") == RECLAIMED)).select(
-        F.col("id").alias("event_id"),
-        F.col("occurred_at").alias("reclaimed_at"),
-        "stream",
-        "group_name",
-        "entry_id",
-        F.col("consumer").alias("from_consumer"),
-        F.col("agent_id").alias("from_agent"),
-        _json("toConsumer").alias("to_consumer"),
-        _json("toAgent").alias("to_agent"),
-        reason.alias("reason"),
-        _json("reasons").alias("reasons"),
-        _json("idleMs").try_cast("long").alias("idle_ms"),
-        _json("deliveries").try_cast("int").alias("deliveries"),
-        heartbeat.alias("last_heartbeat_at"),
-        _millis_between(F.col("occurred_at"), heartbeat).alias("latency_ms"),
-    )
-
-
-def reclaims_by_reason(reclaimed: DataFrame) -> DataFrame:
-    """Reclaimed entries per reason: reason, reclaims."""
-    return reclaimed.groupBy("reason").agg(F.count(F.lit(1)).alias("reclaims")).orderBy("reason")
-
-
-def reclaim_latency(reclaimed: DataFrame) -> DataFrame:
-    """One row: reclaims, measured (with a heartbeat to measure from), p50, p95, max (ms).
-
-    Exact percentiles with linear interpolation between the closest ranks; NULL when nothing
-    was measured.
-    """
-    quantiles = F.percentile("latency_ms", [0.5, 0.95])
-    return reclaimed.agg(
-        F.count(F.lit(1)).alias("reclaims"),
-        F.count("latency_ms").alias("measured"),
-        quantiles.alias("q"),
-        F.max("latency_ms").alias("max"),
-    ).select(
-        "reclaims",
-        "measured",
-        F.col("q")[0].alias("p50"),
-        F.col("q")[1].alias("p95"),
-        "max",
-    )
-
-
-def latency_histogram(reclaimed: DataFrame, bins: int = 40) -> DataFrame:
-    """`bins` equal-width bins over the measured latencies: bin, bin_start_ms, bin_end_ms, count."""
-    measured = reclaimed.where(F.col("latency_ms").isNotNull()).select("latency_ms")
-    bounds = measured.agg(F.min("latency_ms").alias("lo"), F.max("latency_ms").alias("hi"))
-    width = F.greatest((F.col("hi") - F.col("lo")) / F.lit(float(bins)), F.lit(1.0))
-    binned = measured.crossJoin(bounds).select(
-        F.least(F.floor((F.col("latency_ms") - F.col("lo")) / width), F.lit(bins - 1)).alias("bin"),
-        F.col("lo"),
-        width.alias("width"),
-    )
-    return (
-        binned.groupBy("bin", "lo", "width")
-        .agg(F.count(F.lit(1)).alias("count"))
-        .select(
-            "bin",
-            (F.col("lo") + F.col("bin") * F.col("width")).alias("bin_start_ms"),
-            (F.col("lo") + (F.col("bin") + 1) * F.col("width")).alias("bin_end_ms"),
-            "count",
-        )
-        .orderBy("bin")
-    )
-
-
-def heartbeat_gaps(events: DataFrame, *, window_end: datetime) -> DataFrame:
-    """Per agent, the gap after each heartbeat: to the next one, or to `window_end` for the last.
-
-    Columns: agent_id, gap_start, gap_end, gap_ms, open_ended (the gap after the newest beat).
-    """
-    end = F.lit(window_end).cast(TimestampType())
-    beats = events.where(
-        (F.col("kind") == HEARTBEAT) & F.col("agent_id").isNotNull() & (F.col("occurred_at") <= end)
-    )
-    following = F.lead("occurred_at").over(
-        Window.partitionBy("agent_id").orderBy("occurred_at", "id")
-    )
-    return beats.select(
-        "agent_id",
-        F.col("occurred_at").alias("gap_start"),
-        F.coalesce(following, end).alias("gap_end"),
-        following.isNull().alias("open_ended"),
-    ).withColumn(
-        "gap_ms", F.greatest(_millis_between(F.col("gap_end"), F.col("gap_start")), F.lit(0.0))
-    )
-
-
-def availability(gaps: DataFrame, *, down_ms: int) -> DataFrame:
-    """Per agent, from its first heartbeat to the window's end: a gap longer than `down_ms`
-    counts as down time, the whole gap (the agent stopped at its last beat); `detected_down_ms`
-    is the part the conductor saw as down (the gap beyond the threshold).
-
-    Columns: agent_id, first_heartbeat, last_heartbeat, heartbeats, observed_ms, down_ms,
-    detected_down_ms, down_periods, down_at_end, availability (1.0 when nothing was observed).
-    """
-    down = F.col("gap_ms") > F.lit(float(down_ms))
-    return (
-        gaps.groupBy("agent_id")
-        .agg(
-            F.min("gap_start").alias("first_heartbeat"),
-            F.max("gap_start").alias("last_heartbeat"),
-            F.count(F.lit(1)).alias("heartbeats"),
-            F.sum("gap_ms").alias("observed_ms"),
-            F.sum(F.when(down, F.col("gap_ms")).otherwise(F.lit(0.0))).alias("down_ms"),
-            F.sum(
-                F.when(down, F.col("gap_ms") - F.lit(float(down_ms))).otherwise(F.lit(0.0))
-            ).alias("detected_down_ms"),
-            F.count_if(down).alias("down_periods"),
-            F.bool_or(down & F.col("open_ended")).alias("down_at_end"),
-        )
-        .withColumn(
-            "availability",
-            F.when(
-                F.col("observed_ms") > 0, F.lit(1.0) - F.col("down_ms") / F.col("observed_ms")
-            ).otherwise(F.lit(1.0)),
-        )
-        .orderBy("availability", "agent_id")
-    )
-
-
-def down_periods(gaps: DataFrame, *, down_ms: int) -> DataFrame:
-    """The gaps that count as down time: agent_id, down_from (the last beat before), down_until,
-    duration_ms, still_down (no heartbeat since, at the window's end)."""
-    return (
-        gaps.where(F.col("gap_ms") > F.lit(float(down_ms)))
-        .select(
-            "agent_id",
-            F.col("gap_start").alias("down_from"),
-            F.col("gap_end").alias("down_until"),
-            F.col("gap_ms").alias("duration_ms"),
-            F.col("open_ended").alias("still_down"),
-        )
-        .orderBy("agent_id", "down_from")
-    )
-
-
 def _count(status: str) -> Column:
     return F.count_if(F.col("status") == status)
 
@@ -698,84 +440,3 @@ def totals(status: DataFrame) -> DataFrame:
             "completed_still_pending"
         ),
     )
-
-
-def pending_over_time(status: DataFrame, *, bucket_ms: int) -> DataFrame:
-    """Dispatched minus finished (completed or dead-lettered) over time, per `bucket_ms` bucket.
-
-    Columns: bucket_start, dispatched, finished, outstanding (running total at the bucket's end).
-    """
-
-    def bucket(column: str) -> Column:
-        millis = F.unix_millis(F.col(column))
-        return (millis - F.pmod(millis, F.lit(bucket_ms))).alias("bucket")
-
-    starts = status.select(bucket("dispatched_at"), F.lit(1).alias("d"), F.lit(0).alias("f"))
-    ends = status.where(F.col("finished_at").isNotNull()).select(
-        bucket("finished_at"), F.lit(0).alias("d"), F.lit(1).alias("f")
-    )
-    flows = (
-        starts.unionByName(ends)
-        .groupBy("bucket")
-        .agg(F.sum("d").alias("dispatched"), F.sum("f").alias("finished"))
-    )
-    # The running total over a few hundred buckets, in one row: sorted into an array, each
-    # position summing the flows up to it. (A window without a partition would do the same
-    # with a warning on every run.)
-    series = flows.agg(
-        F.array_sort(F.collect_list(F.struct("bucket", "dispatched", "finished"))).alias("s")
-    )
-    return (
-        series.select("s", F.posexplode("s").alias("i", "b"))
-        .select(
-            F.timestamp_millis(F.col("b.bucket")).alias("bucket_start"),
-            F.col("b.dispatched").alias("dispatched"),
-            F.col("b.finished").alias("finished"),
-            F.aggregate(
-                F.slice("s", F.lit(1), F.col("i") + 1),
-                F.lit(0).cast("long"),
-                lambda total, b: total + b["dispatched"] - b["finished"],
-            ).alias("outstanding"),
-        )
-        .orderBy("bucket_start")
-    )
-
-
-def detector_sightings(events: DataFrame) -> DataFrame:
-    """The detector's CONSUMER_WITHOUT_HEARTBEAT sightings per consumer (informational)."""
-    return (
-        events.where(F.col("kind") == CONSUMER_WITHOUT_HEARTBEAT)
-        .groupBy("stream", "group_name", "consumer", "agent_id")
-        .agg(
-            F.count(F.lit(1)).alias("sightings"),
-            F.min("occurred_at").alias("first_seen"),
-            F.max("occurred_at").alias("last_seen"),
-        )
-        .orderBy("stream", "group_name", "consumer")
-    )
-
-
-_BUCKETS_MS = (
-    1_000,
-    5_000,
-    10_000,
-    30_000,
-    60_000,
-    300_000,
-    900_000,
-    1_800_000,
-    3_600_000,
-    3 * 3_600_000,
-    6 * 3_600_000,
-    12 * 3_600_000,
-    86_400_000,
-    7 * 86_400_000,
-)
-
-
-def choose_bucket_ms(span_ms: float, *, points: int = 120) -> int:
-    """The smallest round bucket that draws `span_ms` in at most `points` buckets."""
-    for step in _BUCKETS_MS:
-        if span_ms / step <= points:
-            return step
-    return _BUCKETS_MS[-1]

@@ -1,0 +1,222 @@
+"""What an audit writes: summary.json (the contract's keys), the Parquet tables, the plots and
+report.html."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rig_conductor.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Row
+
+    from rig_conductor.audit import report
+    from rig_conductor.audit.job import Findings, Loaded
+    from rig_conductor.audit.sources import RedisSnapshot
+from rig_conductor.audit.session import AuditOptions, _ms_since
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+LATENCY_BINS = 40
+TIMELINE_DOWN_PERIODS = 20_000  # down periods drawn in the availability plot, at most
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _ms(value: float | None) -> int:
+    return 0 if value is None else round(value)
+
+
+def summarize(
+    findings: Findings,
+    *,
+    settings: Settings,
+    options: AuditOptions,
+    loaded: Loaded,
+    snapshot: RedisSnapshot,
+    window_end: datetime,
+) -> tuple[dict[str, Any], report.ReportData]:
+    """Collect the findings' small results into summary.json's shape and the report's data.
+
+    `lost` and `duplicates` carry exactly the contract's keys; the details are in Parquet.
+    """
+    from pyspark.sql import functions as F
+
+    from rig_conductor.audit import timelines
+
+    totals = _one(findings.status.transform(_totals))
+    latency = _one(findings.latency)
+    lost = findings.lost.select("stream", "entry_id", "issue_id").collect()
+    duplicates = findings.duplicates.select("issue_id", "consumers").collect()
+    agents = findings.availability.collect()
+    rates = findings.dead_letter_rate.collect()
+    fenced = findings.reports.where(F.col("fenced")).count()
+    sightings = findings.sightings.count()
+    summary: dict[str, Any] = {
+        "dispatched": totals["dispatched"],
+        "completed": totals["completed"],
+        "deadLettered": totals["dead_lettered"],
+        "pending": totals["pending"],
+        "lost": [
+            {"stream": r["stream"], "entryId": r["entry_id"], "issueId": r["issue_id"]}
+            for r in lost
+        ],
+        "duplicates": [
+            {"issueId": r["issue_id"], "consumers": list(r["consumers"])} for r in duplicates
+        ],
+        "reclaims": latency["reclaims"],
+        "reclaimsByReason": {
+            r["reason"]: r["reclaims"]
+            for r in timelines.reclaims_by_reason(findings.reclaims).collect()
+        },
+        "reclaimLatencyMs": {
+            "p50": _ms(latency["p50"]),
+            "p95": _ms(latency["p95"]),
+            "max": _ms(latency["max"]),
+        },
+        "tenant": settings.tenant,
+        "window": {
+            "since": _iso(options.since),
+            "until": _iso(options.until),
+            "end": _iso(window_end),
+            "redisReadAt": _iso(snapshot.taken_at),
+        },
+        "events": loaded.rows,
+        "jdbcPartitions": loaded.partitions,
+        "requeued": totals["requeued"],
+        "pendingInPel": totals["pending_in_pel"],
+        "pendingUndelivered": totals["pending_undelivered"],
+        "deadLetteredOutsideLog": totals["dead_lettered_outside_log"],
+        "completedStillPending": totals["completed_still_pending"],
+        "reclaimLatencySamples": latency["measured"],
+        "overlappingAttemptReports": findings.overlaps.count(),
+        "fencedReports": fenced,
+        "consumersWithoutHeartbeat": sightings,
+        "agentDownMs": settings.agent_down_ms,
+        "agents": [
+            {
+                "agentId": a["agent_id"],
+                "availability": round(float(a["availability"]), 6),
+                "downMs": _ms(a["down_ms"]),
+                "detectedDownMs": _ms(a["detected_down_ms"]),
+                "downPeriods": a["down_periods"],
+                "downAtEnd": bool(a["down_at_end"]),
+                "heartbeats": a["heartbeats"],
+                "lastHeartbeatAt": _iso(a["last_heartbeat"]),
+            }
+            for a in agents
+        ],
+        "deadLetterRate": [
+            {
+                "stream": r["stream"],
+                "dispatched": r["dispatched"],
+                "deadLettered": r["dead_lettered"],
+                "rate": r["dead_letter_rate"],
+            }
+            for r in rates
+        ],
+        "redis": {
+            "streams": snapshot.streams,
+            "missingStreams": snapshot.missing,
+            "groups": snapshot.groups,
+            "pendingEntries": len(snapshot.pending),
+            "deadLetters": len(snapshot.letters),
+        },
+    }
+    return summary, _report_data(findings, agents, window_end)
+
+
+def _totals(status: DataFrame) -> DataFrame:
+    from rig_conductor.audit import reconcile
+
+    return reconcile.totals(status)
+
+
+def _one(frame: DataFrame) -> Row:
+    row = frame.first()
+    assert row is not None  # an aggregate without grouping always answers one row
+    return row
+
+
+def _report_data(findings: Findings, agents: list[Row], window_end: datetime) -> report.ReportData:
+    from pyspark.sql import functions as F
+
+    from rig_conductor.audit import report
+
+    shown = [a["agent_id"] for a in agents[: report.MAX_TIMELINE_AGENTS]]
+    periods: dict[str, list[tuple[datetime, datetime]]] = {}
+    if shown:
+        rows = (
+            findings.down_periods.where(F.col("agent_id").isin(shown))
+            .limit(TIMELINE_DOWN_PERIODS)
+            .collect()
+        )
+        for row in rows:
+            periods.setdefault(row["agent_id"], []).append(
+                (row["down_from"].astimezone(UTC), row["down_until"].astimezone(UTC))
+            )
+    return report.ReportData(
+        latency_bins=[
+            report.HistogramBin(r["bin_start_ms"], r["bin_end_ms"], r["count"])
+            for r in findings.histogram.collect()
+        ],
+        timelines=[
+            report.AgentTimeline(
+                a["agent_id"],
+                a["first_heartbeat"].astimezone(UTC),
+                float(a["availability"]),
+                periods.get(a["agent_id"], []),
+            )
+            for a in agents
+        ],
+        window_end=window_end,
+        pending=[
+            report.PendingPoint(
+                r["bucket_start"].astimezone(UTC), r["dispatched"], r["finished"], r["outstanding"]
+            )
+            for r in findings.pending_over_time.collect()
+        ],
+    )
+
+
+def write_outputs(
+    findings: Findings,
+    summary: dict[str, Any],
+    data: report.ReportData,
+    directory: Path,
+    *,
+    timings: Mapping[str, int] | None = None,
+) -> None:
+    """Parquet tables, plots and report.html, then summary.json (written whole, last)."""
+    from dataclasses import replace
+
+    from rig_conductor.audit import report
+
+    started = time.perf_counter()
+    directory.mkdir(parents=True, exist_ok=True)
+    tables: dict[str, str] = {}
+    for name, frame in findings.tables().items():
+        # Small tables in one file each; the per-entry table keeps Spark's partitioning.
+        out = frame if name in ("entries", "reclaims") else frame.coalesce(1)
+        out.write.mode("overwrite").parquet(str(directory.resolve() / name))
+        tables[name] = name
+    summary["tables"] = tables
+    data = replace(data, tables=tables)
+    plots = report.write_plots(directory, summary, data)
+    summary["plots"] = plots
+    report.write_html(directory / "report.html", summary, data, plots)
+    if timings is not None:
+        summary["timingsMs"] = {**timings, "writeMs": _ms_since(started)}
+    partial = directory / "summary.json.partial"
+    partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    partial.replace(directory / "summary.json")
