@@ -116,7 +116,9 @@ def test_the_image_serves_hardened_and_stops_cleanly(
     with httpx.Client(base_url=url) as api:
         beat = api.post("/api/events", json={"type": "HEARTBEAT", "agentId": "dev-e"})
         assert beat.status_code == 202
-        issue = {"type": "ISSUE_ASSIGNED", "issueId": "rc-1", "agentId": "dev-e", "payload": {}}
+        # A fresh issue id: the Redis database may hold earlier tests' dispatch markers.
+        issue_id = f"rc-{uuid.uuid4().hex[:8]}"
+        issue = {"type": "ISSUE_ASSIGNED", "issueId": issue_id, "agentId": "dev-e", "payload": {}}
         assert api.post("/api/events", json=issue).status_code == 201
         scan = api.post("/api/reaper/scan", params={"dryRun": "true"})
         assert scan.status_code == 200 and scan.json()["dryRun"] is True
