@@ -147,7 +147,16 @@ def spark_session(options: AuditOptions) -> tuple[SparkSession, bool]:
         builder = builder.master(master)
     for key, value in spark_conf(options, master).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate(), True
+    spark = builder.getOrCreate()
+    configured = {key for key, _ in options.conf}
+    if not (spark.sparkContext.master or "local").startswith("local") and (
+        "spark.sql.shuffle.partitions" not in configured
+    ):
+        # On a cluster: two shuffle partitions per executor core, not Spark's 200 (which made a
+        # small audit run thousands of tasks). AQE coalesces further where the data is small.
+        partitions = cluster_shuffle_partitions(spark.sparkContext.defaultParallelism)
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    return spark, True
 
 
 def spark_conf(options: AuditOptions, master: str | None) -> dict[str, str]:
@@ -158,12 +167,19 @@ def spark_conf(options: AuditOptions, master: str | None) -> dict[str, str]:
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
         "spark.ui.showConsoleProgress": "false",
         "spark.log.level": "WARN",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.adaptive.coalescePartitions.enabled": "true",
     }
     if master is not None and master.startswith("local"):
         conf["spark.ui.enabled"] = "false"  # no port 4040 to fight over with other jobs
         conf["spark.sql.shuffle.partitions"] = str(local_shuffle_partitions(master))
     conf.update(options.conf)
     return conf
+
+
+def cluster_shuffle_partitions(cores: int) -> int:
+    """Two per executor core of the cluster, between 4 and 64."""
+    return max(4, min(64, 2 * cores))
 
 
 def local_shuffle_partitions(master: str) -> int:
