@@ -85,6 +85,22 @@ class Metrics:
         self.dispatched = Counter(
             "rig_dispatched_entries", "ISSUE_ASSIGNED entries appended", ["stream"], registry=r
         )
+        # The last finished audit's verdict (rig-conductor audit records it in PostgreSQL).
+        self.audit_lost = Gauge(
+            "rig_audit_lost_entries",
+            "Entries the last audit found lost (dispatched, never done, no longer pending)",
+            registry=r,
+        )
+        self.audit_duplicates = Gauge(
+            "rig_audit_duplicate_issues",
+            "Issues the last audit found done twice",
+            registry=r,
+        )
+        self.audit_finished = Gauge(
+            "rig_audit_last_finished_timestamp_seconds",
+            "When the last audit finished (0: no audit has finished yet)",
+            registry=r,
+        )
         for outcome in ("ok", "error"):
             self.scans.labels(outcome)
         self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}

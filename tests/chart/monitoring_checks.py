@@ -28,6 +28,10 @@ CONTRACT = {
     "rig_stream_consumers_without_heartbeat": ("gauge", {"stream", "group"}),
     "rig_heartbeats_received_total": ("counter", set()),
     "rig_dispatched_entries_total": ("counter", {"stream"}),
+    # Beyond the contract: the last audit's verdict (rig-conductor audit records it).
+    "rig_audit_lost_entries": ("gauge", set()),
+    "rig_audit_duplicate_issues": ("gauge", set()),
+    "rig_audit_last_finished_timestamp_seconds": ("gauge", set()),
 }
 CONTRACT_METRICS = set(CONTRACT)
 # Labels the scrape adds (static config, or prometheus-operator's ServiceMonitor).

@@ -27,6 +27,7 @@ VALUES = {
     "defaults": (),
     "all-features": ("-f", ALL_FEATURES),
     "chart-secret": ("-f", TESTDATA / "chart-secret-values.yaml"),
+    "audit": ("-f", TESTDATA / "audit-values.yaml"),
 }
 
 
@@ -45,7 +46,12 @@ def test_helm_lint_rejects_wrong_types(tools: Tools) -> None:
 
 @pytest.mark.parametrize(
     ("values", "crds"),
-    [("defaults", ""), ("all-features", "PrometheusRule,ServiceMonitor"), ("chart-secret", "")],
+    [
+        ("defaults", ""),
+        ("all-features", "PrometheusRule,ServiceMonitor"),
+        ("chart-secret", ""),
+        ("audit", ""),
+    ],
 )
 def test_kubernetes_validate_strict(
     tools: Tools, render: Render, tmp_path: Path, values: str, crds: str
@@ -205,3 +211,36 @@ def test_the_built_image_is_configured_as_the_chart_runs_it() -> None:
     config = json.loads(found.stdout)[0]["Config"]
     assert config["User"] in (str(hardening.USER), f"{hardening.USER}:{hardening.GROUP}")
     assert f"{hardening.HTTP_PORT}/tcp" in config.get("ExposedPorts", {})
+
+
+def test_the_audit_cron_job_runs_the_audit_hardened_into_its_volume(render: Render) -> None:
+    assert not [
+        d
+        for d in yaml.safe_load_all(render(name="off").read_text())
+        if d and d["kind"] == "CronJob"
+    ], "no CronJob unless audit.enabled"
+    docs = [d for d in yaml.safe_load_all(render(*VALUES["audit"]).read_text()) if d]
+    (cron,) = [d for d in docs if d["kind"] == "CronJob"]
+    assert cron["spec"]["schedule"] == "*/30 * * * *"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "rig-conductor:0.1.0-audit"
+    assert container["args"] == [
+        "audit", "--output", "/var/lib/rig-audit/latest",
+        "--master", "spark://spark-master:7077", "--partitions", "8",
+    ]  # fmt: skip
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HOME"]["value"] == "/tmp" and env["RIG_TENANT"]["value"] == "default"
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["capabilities"]["drop"] == [
+        "ALL"
+    ]
+    assert pod["automountServiceAccountToken"] is False and pod["restartPolicy"] == "Never"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"tmp": "/tmp", "output": "/var/lib/rig-audit"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["output"]["persistentVolumeClaim"]["claimName"] == "rig-audit-output"
+    assert (
+        container["resources"]["requests"]["memory"] and container["resources"]["limits"]["memory"]
+    )

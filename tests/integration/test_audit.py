@@ -29,7 +29,7 @@ from sqlalchemy import text  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters import redis_streams  # noqa: E402
-from rig_conductor.adapters.postgres import queries, work  # noqa: E402
+from rig_conductor.adapters.postgres import audits, queries, work  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,
@@ -39,6 +39,7 @@ from rig_conductor.domain import (  # noqa: E402
     PendingEntry,
     StreamKey,
 )
+from rig_conductor.metrics import Metrics  # noqa: E402
 from rig_conductor.reaper import cycle  # noqa: E402
 from rig_conductor.settings import Settings  # noqa: E402
 from tests.audit_conftest import jdbc_ready_fixture, spark_fixture  # noqa: E402, F401
@@ -432,6 +433,18 @@ async def test_the_audit_finds_exactly_what_was_planted(
         "rc-16": ["completed-by-several-consumers"],
         "rc-17": ["completed-by-several-consumers"],
     }
+
+    # The verdict reaches PostgreSQL, and from there the conductor's rig_audit_* gauges.
+    verdict = await audits.last_audit(engine, tenant=TENANT)
+    assert verdict is not None
+    assert (verdict.dispatched, verdict.lost, verdict.duplicates) == (24, 4, 3)
+    metrics = Metrics()
+    assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 0  # exposed from start
+    await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 4
+    assert metrics.registry.get_sample_value("rig_audit_duplicate_issues") == 3
+    finished = metrics.registry.get_sample_value("rig_audit_last_finished_timestamp_seconds")
+    assert finished == verdict.finished_at.timestamp()
 
     page = (out / "report.html").read_text()
     images = re.findall(r"<img src='([^']+)'", page)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rig_conductor.settings import Settings, SettingsError, load_settings
 
@@ -156,7 +156,21 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
         summary["reclaims"],
         options.output / "summary.json",
     )
+    _record_verdict(settings, summary, options.output)
     return EXIT_OK
+
+
+def _record_verdict(settings: Settings, summary: dict[str, Any], output: Path) -> None:
+    """The verdict in PostgreSQL, for the conductor's rig_audit_* gauges and the alert on them.
+    The audit's files are written already: a failure here is a warning, not a failed audit."""
+    from rig_conductor.adapters.postgres import audits
+
+    try:
+        audits.record_audit(
+            settings.sqlalchemy_url, tenant=settings.tenant, summary=summary, output=str(output)
+        )
+    except Exception as exc:
+        logger.warning("Audit verdict not recorded in PostgreSQL: %s", describe(exc))
 
 
 # ------------------------------------------------------------------------- spark-submit entry

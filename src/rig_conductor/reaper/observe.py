@@ -10,7 +10,7 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import audits, queries
 from rig_conductor.domain import GroupInfo
 from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import detector
@@ -47,6 +47,11 @@ async def observe(
         await _announce(watch.update(sightings), engine=engine, tenant=tenant)
     if metrics is not None:
         _refresh_gauges(groups, fleet, sightings, metrics=metrics)
+        verdict = await audits.last_audit(engine, tenant=tenant)
+        if verdict is not None:
+            metrics.audit_lost.set(verdict.lost)
+            metrics.audit_duplicates.set(verdict.duplicates)
+            metrics.audit_finished.set(verdict.finished_at.timestamp())
     return len(sightings)
 
 

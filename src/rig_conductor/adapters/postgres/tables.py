@@ -119,3 +119,18 @@ pods_seen = Table(
     Column("pod", Text, primary_key=True),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+
+# One row per finished `rig-conductor audit`: its verdict, for the conductor's rig_audit_* gauges.
+audit_runs = Table(
+    "audit_runs",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("dispatched", BigInteger, nullable=False),
+    Column("lost", BigInteger, nullable=False),
+    Column("duplicates", BigInteger, nullable=False),
+    Column("output", Text, nullable=False),
+    Index("ix_audit_runs_tenant", "tenant", "id"),
+)

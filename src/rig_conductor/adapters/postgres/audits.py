@@ -1,0 +1,64 @@
+"""The audit's verdicts: written by `rig-conductor audit` when it finishes, read by the
+conductor for its rig_audit_* gauges. Decides nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import audit_runs, events
+
+
+@dataclass(frozen=True, slots=True)
+class AuditVerdict:
+    finished_at: datetime
+    dispatched: int
+    lost: int
+    duplicates: int
+
+
+def record_audit(url: str, *, tenant: str, summary: Mapping[str, Any], output: str) -> None:
+    """Store a finished audit's verdict, and an AUDIT_COMPLETED event, in one transaction.
+    Blocking: the audit's driver calls it once, at the end."""
+    verdict = {
+        "dispatched": int(summary["dispatched"]),
+        "lost": len(summary["lost"]),
+        "duplicates": len(summary["duplicates"]),
+    }
+    engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
+    try:
+        with engine.begin() as conn:
+            conn.execute(audit_runs.insert().values(tenant=tenant, output=output, **verdict))
+            conn.execute(
+                events.insert().values(
+                    tenant=tenant, kind="AUDIT_COMPLETED", detail={**verdict, "output": output}
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+async def last_audit(engine: AsyncEngine, *, tenant: str) -> AuditVerdict | None:
+    """The tenant's most recent audit verdict, if any audit has finished."""
+    query = (
+        select(
+            audit_runs.c.finished_at,
+            audit_runs.c.dispatched,
+            audit_runs.c.lost,
+            audit_runs.c.duplicates,
+        )
+        .where(audit_runs.c.tenant == tenant)
+        .order_by(audit_runs.c.id.desc())
+        .limit(1)
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query)).first()
+    if row is None:
+        return None
+    return AuditVerdict(row.finished_at, row.dispatched, row.lost, row.duplicates)
