@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from common import BenchError
 from reclaim import (
@@ -56,6 +57,13 @@ def reap_once(bench: Bench, shape: ReclaimShape, log_format: str) -> tuple[float
         RIG_K8S_ENABLED="false",
         RIG_LOG_FORMAT=log_format,
     )
+    seconds, report, lines, rss_mb = run_reap_once(env)
+    return seconds, int(report["reclaimed"]), lines, rss_mb
+
+
+def run_reap_once(env: dict[str, str]) -> tuple[float, dict[str, Any], int, float]:
+    """`reap --once` with `env` as users run it, stderr read through a pipe: (seconds, its JSON
+    report, [StreamReclaim] Reclaimed lines read, its peak RSS in MB)."""
     lines = 0
 
     def read(stream: object) -> None:
@@ -83,7 +91,7 @@ def reap_once(bench: Bench, shape: ReclaimShape, log_format: str) -> tuple[float
     if process.returncode != 0:
         raise BenchError(f"reap --once exited {process.returncode}")
     rss_mb = usage.ru_maxrss / 1024 if sys.platform != "darwin" else usage.ru_maxrss / 2**20
-    return seconds, int(json.loads(report)["reclaimed"]), lines, rss_mb
+    return seconds, json.loads(report), lines, rss_mb
 
 
 async def run(shapes: list[ReclaimShape]) -> int:

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +25,7 @@ import redis
 
 from common import BenchError
 from reclaim import servers
+from reclaim_cli import run_reap_once
 from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName
@@ -91,32 +89,8 @@ def reap_once(env_extra: dict[str, str], database_url: str) -> tuple[float, int,
         RIG_K8S_ENABLED="false",
         **env_extra,
     )
-    lines = 0
-
-    def read(stream: Any) -> None:
-        nonlocal lines
-        for line in stream:
-            if "[StreamReclaim] Reclaimed" in line:
-                lines += 1
-
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rig_conductor", "reap", "--once"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    reader = threading.Thread(target=read, args=(process.stderr,))
-    reader.start()
-    assert process.stdout is not None
-    report = process.stdout.read()
-    code = process.wait()
-    reader.join()
-    seconds = time.perf_counter() - started
-    if code != 0:
-        raise BenchError(f"reap --once exited {code}")
-    return seconds, int(json.loads(report)["reclaimed"]), lines
+    seconds, report, lines, _ = run_reap_once(env)
+    return seconds, int(report["reclaimed"]), lines
 
 
 def measure(label: str, client: Any, env: dict[str, str], database_url: str, args: Any) -> float:

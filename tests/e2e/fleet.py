@@ -224,8 +224,11 @@ def calls(out: Path, issue: str) -> list[str]:
     return sorted(p.name for p in directory.glob(f"{issue}.*")) if directory.is_dir() else []
 
 
-def run_audit(database_url: str, redis_url: str, out: Path) -> dict[str, Any]:
+def run_audit(
+    database_url: str, redis_url: str, out: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """`rig-conductor audit` as a user runs it, over the whole event log; its summary.json.
+    `env`: more RIG_* settings (a Redis topology's, for one).
 
     Off CI a machine without PySpark, Java or the JDBC jar skips; with CI set, that fails.
     """
@@ -233,7 +236,7 @@ def run_audit(database_url: str, redis_url: str, out: Path) -> dict[str, Any]:
     if not JDBC_JAR.is_file():
         unavailable(f"no PostgreSQL JDBC driver at {JDBC_JAR} (Debian: libpostgresql-jdbc-java)")
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    environment.update(RIG_DATABASE_URL=database_url, RIG_REDIS_URL=redis_url)
+    environment.update(env or {}, RIG_DATABASE_URL=database_url, RIG_REDIS_URL=redis_url)
     command = [sys.executable, "-m", "rig_conductor", "audit", "--output", str(out)]
     done = subprocess.run(
         command, env=environment, capture_output=True, text=True, timeout=600, check=False

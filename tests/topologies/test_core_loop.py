@@ -9,20 +9,14 @@ exactly the rules the README documents.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_client, redis_keys
-from tests.audit_conftest import JDBC_JAR, require_pyspark, unavailable
 from tests.e2e.fleet import (
     GROUP,
     STREAM,
@@ -32,6 +26,7 @@ from tests.e2e.fleet import (
     dispatch,
     effects,
     heard_from,
+    run_audit,
 )
 from tests.integration.helpers import serve, wait_for
 
@@ -44,21 +39,6 @@ SURVIVOR = ("builder-a", "builder-a-pod-0")
 RECLAIMED = re.compile(r"\[StreamReclaim\] Reclaimed (\S+) on (\S+): (\S+) -> (\S+)")
 
 TOPOLOGIES = ["cluster", "sentinel", "tls", "acl"]
-
-
-def run_audit(env: dict[str, str], database_url: str, out: Path) -> dict[str, Any]:
-    require_pyspark()
-    if not JDBC_JAR.is_file():
-        unavailable(f"no PostgreSQL JDBC driver at {JDBC_JAR} (Debian: libpostgresql-jdbc-java)")
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    environment.update(env, RIG_DATABASE_URL=database_url)
-    command = [sys.executable, "-m", "rig_conductor", "audit", "--output", str(out)]
-    done = subprocess.run(
-        command, env=environment, capture_output=True, text=True, timeout=600, check=False
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
-    return summary
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -126,6 +106,6 @@ async def test_the_core_loop_on_each_topology(
     )
     assert sorted(effects(out)) == sorted(ISSUES)
 
-    summary = run_audit(conductor_side, database_url, tmp_path / "audit")
+    summary = run_audit(database_url, url, tmp_path / "audit", conductor_side)
     assert summary["lost"] == [] and summary["duplicates"] == []
     assert summary["deadLettered"] == 1 and summary["completed"] == len(ISSUES)
