@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,7 +25,12 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.settings import Settings
-from tests.audit_conftest import JDBC_JAR, jdbc_ready_fixture, require_pyspark  # noqa: F401
+from tests.audit_conftest import (  # noqa: F401
+    JDBC_JAR,
+    jdbc_ready_fixture,
+    require_pyspark,
+    unavailable,
+)
 from tests.integration.test_audit import S, World, build
 from tests.spark.cluster import SparkCluster
 
@@ -40,7 +46,9 @@ COMPARED = (
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+def cluster(jdbc_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        unavailable("no Java for the Spark cluster (needs Java 17+)")
     made = SparkCluster(Path(tmp_path_factory.mktemp("spark")))
     try:
         yield made.start()
