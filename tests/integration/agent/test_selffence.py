@@ -41,8 +41,13 @@ async def test_degraded_pauses_all_reading_and_flags_the_heartbeats(
     first = await dispatch(conductor, "rc-1")
     async with running(handler, settings()):
         await wait_for(lambda: len(calls) == 1)
-        flagged = await agent_view(conductor)
-        assert flagged["degraded"] is True and flagged["degradedReasons"] == ["codex_quota"]
+
+        async def flagged() -> bool:
+            # The degraded heartbeat goes out right after the failed call's WORK_FAILED.
+            view = await agent_view(conductor)
+            return bool(view["degraded"]) and view["degradedReasons"] == ["codex_quota"]
+
+        await wait_for(flagged, within=1.0)  # well inside the 1.5 s pause
         second = await dispatch(conductor, "rc-2")
         await asyncio.sleep(0.8)
         # Self-fenced: the new entry is not read, the failed one not retried.
