@@ -1,8 +1,10 @@
-"""Audit benchmark: events audited per second by `rig-conductor audit` on local[2].
+"""Audit benchmark: events audited per second by `rig-conductor audit`, on local[2] and on a
+Spark standalone cluster of two one-core workers (started from the pyspark wheel), each against
+a plain JDBC -> Parquet copy of the same rows on the same session as the baseline.
 
-    .venv/bin/python bench/audit.py                 # 1M and 5M events
+    .venv/bin/python bench/audit.py                 # 1M and 5M events, both masters
     .venv/bin/python bench/audit.py --quick         # 200k events
-    .venv/bin/python bench/audit.py --sizes 2000000 --driver-memory 2g
+    .venv/bin/python bench/audit.py --sizes 2000000 --masters local[2] --driver-memory 2g
 
 PostgreSQL: RIG_BENCH_DATABASE_URL, default postgresql+psycopg://postgres@127.0.0.1:5432/
 rig_bench_audit (created if missing, migrated to head). Each size is a tenant of its own
@@ -30,6 +32,9 @@ from common import conninfo, ensure_database
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.audit import job, session, sources
 from rig_conductor.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.spark.cluster import SparkCluster
 
 DEFAULT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/rig_bench_audit"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/14"
@@ -163,6 +168,8 @@ class Result:
     duplicates: int
     reclaims: int
     dead_lettered: int
+    master: str = "local[2]"
+    copy_s: float = 0.0  # the JDBC -> Parquet baseline on the same rows
 
     def findings(self) -> dict[str, int]:
         return {
@@ -226,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory (default 2g)")
     parser.add_argument("--no-warmup", action="store_true", help="skip the 50k-event warm-up run")
     parser.add_argument("--keep", type=Path, help="write the audit outputs here and keep them")
+    parser.add_argument(
+        "--masters", default="local[2],standalone", help="local[2] and/or standalone (2 workers)"
+    )
     args = parser.parse_args(argv)
     sizes = [200_000] if args.quick else [1_000_000, 5_000_000]
     if args.sizes:
@@ -248,74 +258,142 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dataset {tenant}: {rows:,} events ({note})", flush=True)
         datasets.append((size, tenant))
 
+    results: list[Result] = []
+    spark_starts: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:
+        root = args.keep or Path(scratch)
+        for master in args.masters.split(","):
+            cluster = None
+            if master == "standalone":
+                cluster = SparkCluster(root / "spark").start()
+            try:
+                found, started = run_master(
+                    args, master, cluster.url if cluster else master, jar, url, redis_url,
+                    datasets, root / master.replace("[", "").replace("]", ""),
+                )  # fmt: skip
+            finally:
+                if cluster is not None:
+                    cluster.stop()
+            if found is None:
+                return 1
+            results += found
+            spark_starts[master] = started
+    report(results, spark_starts, args.driver_memory, url)
+    return 0
+
+
+def run_master(
+    args: argparse.Namespace,
+    name: str,
+    master: str,
+    jar: Path,
+    url: str,
+    redis_url: str,
+    datasets: list[tuple[int, str]],
+    root: Path,
+) -> tuple[list[Result] | None, float]:
+    """Every dataset audited on one master, warm-up first; None when a finding is off."""
     options = session.AuditOptions(
         output=Path("."),
-        master="local[2]",
-        conf=(("spark.driver.memory", args.driver_memory),),
+        master=master,
+        conf=(
+            ("spark.driver.memory", args.driver_memory),
+            ("spark.executor.memory", "1g"),
+            ("spark.ui.enabled", "false"),
+        ),
         jdbc_jar=jar,
     )
     started = time.perf_counter()
     spark, _ = session.spark_session(options)
     spark_start = time.perf_counter() - started
     results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:
-        root = args.keep or Path(scratch)
-        try:
-            for size, tenant in datasets:
-                out = root / tenant
-                until = data_end(size)
-                result = audit_once(spark, url, redis_url, tenant, until, out, args.partitions)
-                if size == WARMUP_EVENTS and not args.no_warmup:
-                    print(
-                        f"warm-up: {result.events:,} events in {result.total_s:.1f} s", flush=True
-                    )
-                    continue
-                planted = expected_findings(size)
-                if result.findings() != planted:
-                    print(
-                        f"bench/audit.py: {tenant}: found {result.findings()}, planted {planted}",
-                        file=sys.stderr,
-                    )
-                    return 1
-                results.append(result)
+    try:
+        for size, tenant in datasets:
+            until = data_end(size)
+            result = audit_once(
+                spark, url, redis_url, tenant, until, root / tenant, args.partitions
+            )
+            result.master = name
+            if size == WARMUP_EVENTS and not args.no_warmup:
+                print(f"{name} warm-up: {result.events:,} events in {result.total_s:.1f} s")
+                continue
+            planted = expected_findings(size)
+            if result.findings() != planted:
                 print(
-                    f"audited {result.events:,} events in {result.total_s:.1f} s; "
-                    "findings match what was planted",
-                    flush=True,
+                    f"bench/audit.py: {tenant} on {name}: found {result.findings()}, "
+                    f"planted {planted}",
+                    file=sys.stderr,
                 )
-        finally:
-            spark.stop()
-    report(results, spark_start, args.driver_memory, url)
-    return 0
+                return None, spark_start
+            result.copy_s = copy_once(
+                spark, url, tenant, root / f"{tenant}-copy", result.partitions
+            )
+            results.append(result)
+            print(
+                f"{name}: audited {result.events:,} events in {result.total_s:.1f} s (findings "
+                f"match what was planted); JDBC -> Parquet copy {result.copy_s:.1f} s",
+                flush=True,
+            )
+    finally:
+        spark.stop()
+    return results, spark_start
 
 
-def report(results: list[Result], spark_start: float, memory: str, url: str) -> None:
+def copy_once(spark: SparkSession, url: str, tenant: str, out: Path, partitions: int) -> float:
+    """The baseline: the tenant's events read over JDBC in as many partitions, written as
+    Parquet, nothing else; seconds."""
+    source = sources.jdbc_source(url)
+    with psycopg.connect(conninfo(url)) as conn:
+        low, high = conn.execute(
+            "SELECT min(id), max(id) FROM events WHERE tenant = %s", (tenant,)
+        ).fetchone() or (0, 0)
+    started = time.perf_counter()
+    table = f"(SELECT * FROM events WHERE tenant = '{tenant}') AS audited"
+    reader = spark.read.format("jdbc").options(**source.options(), dbtable=table)
+    if partitions > 1 and low is not None:
+        reader = reader.options(
+            partitionColumn="id",
+            lowerBound=str(low),
+            upperBound=str(high),
+            numPartitions=str(partitions),
+        )
+    reader.load().write.mode("overwrite").parquet(str(out))
+    return time.perf_counter() - started
+
+
+def report(results: list[Result], spark_start: dict[str, float], memory: str, url: str) -> None:
     import pyspark
 
     with psycopg.connect(conninfo(url)) as conn:
         version = conn.execute("SHOW server_version").fetchone()
     print()
     print(
-        f"PySpark {pyspark.__version__} local[2], driver memory {memory}; PostgreSQL "
+        f"PySpark {pyspark.__version__}, driver memory {memory}; PostgreSQL "
         f"{version[0] if version else '?'}; Python {platform.python_version()}; "
-        f"{os.cpu_count()} cores"
+        f"{os.cpu_count()} cores; standalone = 2 workers of 1 core, executors 1g"
     )
-    print(f"Spark start-up: {spark_start:.1f} s (once, not in the rows below)")
+    starts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in spark_start.items())
+    print(f"Spark start-up (once per master, not in the rows below): {starts}")
     print()
     header = (
-        f"{'events':>11} {'read s':>7} {'compute s':>9} {'write s':>7} {'total s':>7} "
-        f"{'ev/s read+compute':>17} {'ev/s end-to-end':>15}  findings"
+        f"{'master':>10} {'events':>11} {'read s':>7} {'compute s':>9} {'write s':>7} "
+        f"{'total s':>7} {'ev/s':>9} {'copy ev/s':>9} {'ratio':>5}  findings"
     )
     print(header)
     print("-" * len(header))
+    local = {r.events: r for r in results if r.master.startswith("local")}
     for r in results:
-        core = r.read_s + r.compute_s
+        rate, copy = r.events / r.total_s, r.events / r.copy_s
+        versus = ""
+        if not r.master.startswith("local") and r.events in local:
+            versus = f", {rate / (local[r.events].events / local[r.events].total_s):.2f}x local"
         print(
-            f"{r.events:>11,} {r.read_s:>7.1f} {r.compute_s:>9.1f} {r.write_s:>7.1f} "
-            f"{r.total_s:>7.1f} {r.events / core:>17,.0f} {r.events / r.total_s:>15,.0f}  "
-            f"{r.dispatched:,} dispatched, {r.lost:,} lost, {r.duplicates:,} duplicates, "
-            f"{r.reclaims:,} reclaims"
+            f"{r.master:>10} {r.events:>11,} {r.read_s:>7.1f} {r.compute_s:>9.1f} "
+            f"{r.write_s:>7.1f} {r.total_s:>7.1f} {rate:>9,.0f} {copy:>9,.0f} "
+            f"{rate / copy:>5.2f}  {r.dispatched:,} dispatched, {r.lost:,} lost, "
+            f"{r.duplicates:,} duplicates, {r.reclaims:,} reclaims{versus}"
         )
+    print("goal: >= 100,000 events/s end to end at 5M on local[2]; standalone >= 0.8 of it")
 
 
 if __name__ == "__main__":
