@@ -124,3 +124,7 @@ class Progress:
 
     fresh: frozenset[EntryId] = frozenset()
     stale: frozenset[EntryId] = frozenset()
+
+
+class NotLeading(Exception):
+    """A change (a non-dry scan) asked of a replica that is not the active reaper."""

@@ -18,7 +18,17 @@ from rig_conductor.domain import Limits
 ENV_PREFIX = "RIG_"
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Values of these settings are never echoed back in an error: they may carry credentials.
-_SECRET_FIELDS = frozenset({"redis_url", "database_url", "api_tokens", "redis_sentinel_password"})
+_SECRET_FIELDS = frozenset(
+    {
+        "redis_url",
+        "database_url",
+        "api_tokens",
+        "operator_tokens",
+        "viewer_tokens",
+        "redis_sentinel_password",
+    }
+)
+_TOKEN_FIELDS = ("api_tokens", "operator_tokens", "viewer_tokens")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 
@@ -256,6 +266,27 @@ class Settings(RigSettings):
             "`/api/*` call needs one"
         ),
     )
+    operator_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "bearer tokens allowed to change things: non-dry scans, dead-letter requeue and "
+            "delete, the console's actions; when set, `RIG_API_TOKENS` alone gets 403 there"
+        ),
+    )
+    viewer_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "bearer tokens that may only read: `GET /api/*`, dry-run scans, the console "
+            "without actions"
+        ),
+    )
+    http_root_path: str = Field(
+        default="",
+        description=(
+            "path prefix the API and console are served under behind an ingress (e.g. `/rig`), "
+            "whether the ingress strips it or not"
+        ),
+    )
     tenant: str = Field(
         description="tenant the control plane binds its scan to", default="default", min_length=1
     )
@@ -270,10 +301,25 @@ class Settings(RigSettings):
     def _split(cls, value: Any) -> Any:
         return _comma_list(value)
 
-    @field_validator("api_tokens", mode="before")
+    @field_validator(*_TOKEN_FIELDS, mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
+
+    @field_validator("http_root_path")
+    @classmethod
+    def _root_path(cls, value: str) -> str:
+        value = value.strip().rstrip("/")
+        if value and not value.startswith("/"):
+            raise ValueError("must start with / (e.g. /rig)")
+        if any(c in value for c in "?# \\"):
+            raise ValueError("must be a plain path (no spaces, ? or #)")
+        return value
+
+    @property
+    def any_tokens(self) -> bool:
+        """Whether any role's tokens are set: then every /api call needs one."""
+        return bool(self.api_tokens or self.operator_tokens or self.viewer_tokens)
 
     @field_validator("k8s_enabled", mode="before")
     @classmethod
@@ -338,7 +384,7 @@ class Settings(RigSettings):
 
 
 def _mask(name: str, value: object) -> object:
-    if name == "api_tokens":
+    if name in _TOKEN_FIELDS:
         return f"<{len(value)} tokens>" if isinstance(value, tuple) else "<hidden>"
     try:
         return make_url(str(value)).render_as_string(hide_password=True)

@@ -411,10 +411,12 @@ def connect(url: str) -> Redis:
     )
 
 
-async def list_dead_letters(client: AnyRedis, *, stream: StreamKey, count: int) -> list[DeadLetter]:
-    """The newest `count` dead letters of `stream`."""
+async def list_dead_letters(
+    client: AnyRedis, *, stream: StreamKey, count: int, before: str = "+"
+) -> list[DeadLetter]:
+    """The newest `count` dead letters of `stream` (ids up to `before`), newest first."""
     rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(  # type: ignore[assignment]
-        dlq_key(stream, client), count=count
+        dlq_key(stream, client), max=before, count=count
     )
     letters: list[DeadLetter] = []
     for dlq_id, fields in rows:

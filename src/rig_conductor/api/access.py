@@ -1,4 +1,4 @@
-"""Request-level middleware: the bearer-token guard of /api and the request log.
+"""Request-level middleware: the root path, the role guard of /api and the request log.
 
 Plain ASGI rather than FastAPI dependencies: they run on every heartbeat, and a dependency
 costs more than the check itself. The request log carries method, path, status, duration and
@@ -8,12 +8,13 @@ by the thousand), anything else at INFO.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rig_conductor import roles
 
 logger = logging.getLogger("rig_conductor.access")
 
@@ -59,36 +60,65 @@ class AccessLog:
                 )
 
 
-class BearerTokens:
-    """With RIG_API_TOKENS set, every /api call needs `Authorization: Bearer <token>`; 401 else.
+class RoleGuard:
+    """With any role's tokens set, every /api call needs `Authorization: Bearer <token>`: 401
+    without a valid one, 403 when the token's role may not do what the request asks
+    (`roles.api_need`). The caller goes into the request state for the routes' audit lines."""
 
-    Every token is compared in constant time, so timing tells nothing about which came close.
-    """
-
-    def __init__(self, app: ASGIApp, tokens: tuple[bytes, ...]) -> None:
+    def __init__(self, app: ASGIApp, tokens: roles.Tokens) -> None:
         self.app = app
         self.tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self._refused(scope):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = route_path(scope)
+        if not path.startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        if self.tokens.open:
+            caller: roles.Caller | None = roles.ANONYMOUS
+        else:
+            caller = self._caller(header(scope, b"authorization") or b"")
+        if caller is None:
             await answer(
                 send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
             )
             return
+        need = roles.api_need(scope["method"], path, scope.get("query_string", b""))
+        if not self.tokens.allows(caller, need):
+            await answer(send, 403, f"the {caller.role.name.lower()} role may not do this")
+            return
+        scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
 
-    def _refused(self, scope: Scope) -> bool:
-        if scope["type"] != "http" or not self.tokens or not scope["path"].startswith("/api/"):
-            return False
-        return not self._allowed(header(scope, b"authorization") or b"")
-
-    def _allowed(self, authorization: bytes) -> bool:
+    def _caller(self, authorization: bytes) -> roles.Caller | None:
         scheme, _, presented = authorization.partition(b" ")
-        candidate = presented.strip()
-        matched = False
-        for token in self.tokens:
-            matched |= hmac.compare_digest(candidate, token)
-        return scheme.lower() == b"bearer" and matched
+        caller = self.tokens.caller(presented.strip())
+        return caller if scheme.lower() == b"bearer" else None
+
+
+class RootPath:
+    """Serves the app under RIG_HTTP_ROOT_PATH whether the ingress strips the prefix or not.
+
+    ASGI puts the prefix in both `root_path` and `path`; a request that arrives without it
+    (stripped by the ingress) gets it added, so routing, links and redirects see one shape.
+    """
+
+    def __init__(self, app: ASGIApp, root_path: str) -> None:
+        self.app = app
+        self.root_path = root_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.root_path and scope["type"] in ("http", "websocket"):
+            path: str = scope["path"]
+            if path != self.root_path and not path.startswith(self.root_path + "/"):
+                scope = {**scope, "path": self.root_path + path}
+                if "raw_path" in scope and scope["raw_path"] is not None:
+                    scope["raw_path"] = self.root_path.encode() + scope["raw_path"]
+            scope = {**scope, "root_path": self.root_path}
+        await self.app(scope, receive, send)
 
 
 async def answer(
@@ -116,3 +146,12 @@ def header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+def route_path(scope: Scope) -> str:
+    """The path inside the app: without the root path the ASGI server or `RootPath` set."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root) :] or "/"
+    return path

@@ -8,17 +8,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor.api.access import AccessLog, BearerTokens, answer, header
+from rig_conductor import roles
+from rig_conductor.adapters import failures
+from rig_conductor.api.access import AccessLog, RoleGuard, RootPath, answer, header
+from rig_conductor.domain import NotLeading
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
-    which = "Redis" if isinstance(exc, RedisError) else "PostgreSQL"
+    which = failures.which(exc)
     logger.warning(
         "%s %s answered 503: %s unavailable: %s", request.method, request.url.path, which, exc
     )
@@ -98,14 +98,20 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse | Any:
     return await http_exception_handler(request, exc)
 
 
-def install(app: FastAPI, *, tokens: tuple[bytes, ...]) -> None:
+async def _not_leading(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(status_code=409, content={"detail": str(exc)})
+
+
+def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
-    for error in (RedisError, SQLAlchemyError, psycopg.OperationalError, OSError):
+    app.add_exception_handler(NotLeading, _not_leading)
+    for error in failures.UNAVAILABLE:
         app.add_exception_handler(error, _unavailable)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-    app.add_middleware(BearerTokens, tokens=tokens)  # before the body is read
-    app.add_middleware(AccessLog)  # added last: outermost, so it sees 401s and 413s too
+    app.add_middleware(RoleGuard, tokens=tokens)  # before the body is read
+    app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too
+    app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
 
 
 class BodyLimit:

@@ -39,8 +39,9 @@ def _stream_id(value: str) -> str:
 
 # Strict types: a number where a string belongs is a 422, not silently converted.
 Name = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+ENTRY_ID_PATTERN = r"^\d{1,20}-\d{1,20}$"
 EntryIdField = Annotated[
-    StrictStr, Field(pattern=r"^\d{1,20}-\d{1,20}$", max_length=41), AfterValidator(_stream_id)
+    StrictStr, Field(pattern=ENTRY_ID_PATTERN, max_length=41), AfterValidator(_stream_id)
 ]
 
 

@@ -17,15 +17,16 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.adapters.postgres import pods as pods_seen
-from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis_client import Topology
-from rig_conductor.domain import ConsumerName, PodName, PodState
+from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader, observe, podwatch
 from rig_conductor.settings import Settings
@@ -129,8 +130,25 @@ class ReaperService:
                 self._record("error", started)
                 raise
             self._record("ok", started)
+            await self._remember(report)
         self.last_report = report
         return report
+
+    async def _remember(self, report: cycle.ScanReport) -> None:
+        """Keep the report for the console's last scans and plots; a failure costs only that."""
+        try:
+            await history.record_scan(
+                self._engine, tenant=self._settings.tenant, report=report.to_json()
+            )
+        except Exception as exc:
+            logger.warning("Scan report not stored: %s", cycle.describe_failure(exc))
+
+    async def scan_now(self, dry_run: bool | None) -> dict[str, Any]:
+        """A scan asked for through the API or the console, its report as JSON. A change on a
+        replica that is not the active reaper raises NotLeading: two replicas never both act."""
+        if not self.leading and not (self._settings.dry_run if dry_run is None else dry_run):
+            raise NotLeading("this replica is not the active reaper")
+        return (await self.scan(dry_run=dry_run)).to_json()
 
     async def on_pod_gone(self, pod: PodName) -> None:
         """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""
@@ -174,6 +192,7 @@ class ReaperService:
             days = self._settings.event_retention_days
             deleted = await queries.delete_old_events(self._engine, older_than_days=days)
             await pods_seen.forget_older_than(self._engine, days=days)
+            await history.forget_scans(self._engine, older_than_days=days)
         except Exception as exc:
             logger.error("Event retention failed: %s", cycle.describe_failure(exc))
             return

@@ -134,3 +134,17 @@ audit_runs = Table(
     Column("output", Text, nullable=False),
     Index("ix_audit_runs_tenant", "tenant", "id"),
 )
+
+scan_reports = Table(
+    "scan_reports",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("dry_run", Boolean, nullable=False),
+    Column("pending", BigInteger, nullable=False),
+    Column("reclaimed", BigInteger, nullable=False),
+    Column("dead_lettered", BigInteger, nullable=False),
+    Column("report", JSONB, nullable=False),
+    Index("ix_scan_reports_tenant", "tenant", "id"),
+)

@@ -1,20 +1,20 @@
-"""Dead letters for operators: list a stream's DLQ, put one entry back on its stream."""
+"""Dead letters for operators: list a stream's DLQ, put one back on its stream, delete one."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
+from rig_conductor import roles
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import queries
 from rig_conductor.api import schemas
-from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.api.deps import Runtime, caller, runtime
 from rig_conductor.domain import StreamKey
+from rig_conductor.operations import deadletters
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["dead letters"], responses=schemas.ERRORS)
@@ -42,28 +42,33 @@ async def list_dead_letters(
     responses={404: {"model": schemas.Problem, "description": "no such dead letter"}},
 )
 async def requeue(
-    request: schemas.RequeueRequest, rt: Annotated[Runtime, Depends(runtime)]
+    request: schemas.RequeueRequest,
+    rt: Annotated[Runtime, Depends(runtime)],
+    who: Annotated[roles.Caller, Depends(caller)],
 ) -> JSONResponse:
     """Append the dead letter's original fields to its stream as a new entry and delete it from
-    the DLQ, atomically; recorded in the event log."""
+    the DLQ, atomically; recorded in the event log. An operator action."""
     stream = StreamKey(request.stream)
-    done = await redis_streams.requeue(rt.redis, stream=stream, dlq_id=request.dlq_id)
-    if done is None:
+    entry_id = await deadletters.requeue(rt, who, stream=stream, dlq_id=request.dlq_id)
+    if entry_id is None:
         raise HTTPException(404, detail=f"no dead letter {request.dlq_id} in {stream}:dlq")
-    entry_id, issue_id = done
-    await queries.append_events(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        rows=[
-            queries.EventRow(
-                "DEAD_LETTER_REQUEUED",
-                stream=stream,
-                entry_id=entry_id,
-                issue_id=issue_id,
-                detail=json.dumps({"dlqId": request.dlq_id}),
-            )
-        ],
-    )
-    logger.info("Requeued dead letter %s of %s as %s", request.dlq_id, stream, entry_id)
     body = schemas.Requeued(stream=stream, entry_id=entry_id, dlq_id=request.dlq_id)
     return JSONResponse(body.model_dump(by_alias=True), status_code=201)
+
+
+@router.delete(
+    "/deadletters",
+    status_code=204,
+    responses={404: {"model": schemas.Problem, "description": "no such dead letter"}},
+)
+async def delete(
+    rt: Annotated[Runtime, Depends(runtime)],
+    who: Annotated[roles.Caller, Depends(caller)],
+    stream: Annotated[str, Query(min_length=1, max_length=256)],
+    dlq_id: Annotated[str, Query(alias="dlqId", pattern=schemas.ENTRY_ID_PATTERN)],
+) -> Response:
+    """Delete one dead letter for good; recorded in the event log. An operator action."""
+    key = StreamKey(stream)
+    if not await deadletters.delete(rt, who, stream=key, dlq_id=dlq_id):
+        raise HTTPException(404, detail=f"no dead letter {dlq_id} in {key}:dlq")
+    return Response(status_code=204)

@@ -8,9 +8,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import text
-from sqlalchemy.exc import ProgrammingError
 
+from rig_conductor.adapters.postgres import migrations
 from rig_conductor.api.deps import Runtime, runtime
 
 logger = logging.getLogger(__name__)
@@ -35,15 +34,14 @@ async def readyz(rt: Annotated[Runtime, Depends(runtime)]) -> JSONResponse:
     except Exception as exc:
         checks["redis"] = f"unavailable: {type(exc).__name__}"
     try:
-        async with rt.engine.connect() as conn:
-            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        version = await migrations.applied_revision(rt.engine)
         checks["postgres"] = "ok"
-        checks["schema"] = (
-            "ok" if version == rt.schema_head else f"at {version}, needs {rt.schema_head}"
-        )
-    except ProgrammingError:  # no alembic_version table: never migrated
-        checks["postgres"] = "ok"
-        checks["schema"] = f"not migrated, needs {rt.schema_head}"
+        if version is None:
+            checks["schema"] = f"not migrated, needs {rt.schema_head}"
+        else:
+            checks["schema"] = (
+                "ok" if version == rt.schema_head else f"at {version}, needs {rt.schema_head}"
+            )
     except Exception as exc:
         checks["postgres"] = f"unavailable: {type(exc).__name__}"
         checks["schema"] = "unknown"

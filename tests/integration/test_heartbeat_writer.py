@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.api.ingest import HeartbeatWriter
+from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
 

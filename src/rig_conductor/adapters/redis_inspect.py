@@ -1,0 +1,107 @@
+"""Reads and small changes for the operator console: one consumer's pending entries a page at a
+time, the fields of entries, dead-letter counts and pages, and deleting a dead letter.
+
+Every read is bounded: a page of a consumer's pending list is one `XPENDING ... <count>
+<consumer>` from a cursor (the consumer's own list, never the group's), however long it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis_streams import DeadLetter, dlq_key, list_dead_letters
+from rig_conductor.domain import ConsumerName, GroupName, StreamKey
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    id: str
+    idle_ms: int
+    deliveries: int
+    # The entry's fields; None when the entry is gone from the stream (trimmed or deleted).
+    fields: dict[str, str] | None
+
+
+async def pending_page(
+    client: AnyRedis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    consumer: ConsumerName,
+    after: str | None,
+    count: int,
+) -> list[PendingRow]:
+    """Up to `count` of `consumer`'s pending entries with ids above `after`, oldest first,
+    with their fields: two round trips whatever the length of the list."""
+    rows: list[dict[str, Any]] = await client.xpending_range(
+        stream,
+        group,
+        min="(" + after if after else "-",
+        max="+",
+        count=count,
+        consumername=consumer,
+    )
+    ids = [str(row["message_id"]) for row in rows]
+    fields = await entry_fields(client, stream=stream, ids=ids)
+    return [
+        PendingRow(
+            str(row["message_id"]),
+            int(row["time_since_delivered"]),
+            int(row["times_delivered"]),
+            fields.get(str(row["message_id"])),
+        )
+        for row in rows
+    ]
+
+
+async def entry_fields(
+    client: AnyRedis, *, stream: StreamKey, ids: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """The fields of each entry still in the stream, in one pipelined round trip."""
+    if not ids:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for entry_id in ids:
+            pipe.xrange(stream, min=entry_id, max=entry_id, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    found: dict[str, dict[str, str]] = {}
+    for entry_id, reply in zip(ids, replies, strict=True):
+        if isinstance(reply, list) and reply:
+            found[entry_id] = dict(reply[0][1])
+    return found
+
+
+async def dead_letter_counts(client: AnyRedis, *, streams: Sequence[StreamKey]) -> list[int]:
+    """XLEN of each stream's DLQ (0 when it has none)."""
+    if not streams:
+        return []
+    counts: list[int] = []
+    for stream in streams:  # one key each: also right on a cluster, where keys live apart
+        counts.append(int(await client.xlen(dlq_key(stream, client))))
+    return counts
+
+
+async def dead_letter_page(
+    client: AnyRedis, *, stream: StreamKey, before: str | None, count: int
+) -> tuple[list[DeadLetter], str | None]:
+    """Up to `count` dead letters of `stream` older than `before`, newest first, and the cursor
+    of the next page (None at the end)."""
+    if before is None:
+        letters = await list_dead_letters(client, stream=stream, count=count)
+    else:
+        letters = await list_dead_letters(client, stream=stream, count=count, before="(" + before)
+    return letters, (letters[-1].dlq_id if len(letters) == count else None)
+
+
+async def delete_dead_letter(client: AnyRedis, *, stream: StreamKey, dlq_id: str) -> bool:
+    """Delete one dead letter; False when there was none with that id."""
+    return bool(await client.xdel(dlq_key(stream, client), dlq_id))
+
+
+async def server_time_ms(client: AnyRedis) -> int:
+    """Redis's own clock (TIME), in milliseconds: idle times are measured on it."""
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,200 @@
+"""The console's actions (POST): sign in and out, requeue and delete dead letters, move pending
+entries by hand, preview and run a scan. Each change needs the session's CSRF token and a role
+that may change things, and leaves an audit line and an event-log row."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Form, Request
+from fastapi.responses import HTMLResponse, Response
+
+from rig_conductor.console import session, web
+from rig_conductor.console.session import Session
+from rig_conductor.domain import NotLeading, StreamKey
+from rig_conductor.operations import deadletters, moves
+
+router = APIRouter(include_in_schema=False)
+
+SessionDep = Annotated[Session, Depends(web.current)]
+Csrf = Annotated[str | None, Form()]
+Field = Annotated[str, Form(max_length=256)]
+
+
+@router.get("/login")
+async def login_form(request: Request, next: str = "") -> Response:
+    if web.tokens(request).open:
+        return web.redirect(request, "")
+    return _login_page(request, next=next)
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=4096)],
+    next: Annotated[str, Form(max_length=2048)] = "",
+) -> Response:
+    signed = session.sign_in(web.tokens(request), token)
+    if signed is None:
+        return _login_page(request, next=next, error="That token is not valid.", status=401)
+    _, cookie = signed
+    root = web.url(request, "")
+    target = next if next.startswith(root) and "//" not in next else root
+    response = web.redirect(request, "")
+    response.headers["location"] = target
+    web.set_cookie(request, response, cookie)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, you: SessionDep, csrf: Csrf = None) -> Response:
+    if not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
+        raise web.Refused(403, "missing or invalid CSRF token; reload the page")
+    response = web.redirect(request, "/login")
+    response.delete_cookie(session.COOKIE, path=web.url(request, ""))
+    return response
+
+
+@router.post("/deadletters/requeue")
+async def requeue(
+    request: Request,
+    you: SessionDep,
+    stream: Field,
+    csrf: Csrf = None,
+    ids: Annotated[list[str] | None, Form()] = None,
+    one: Annotated[str | None, Form()] = None,
+    all_matching: Annotated[bool, Form()] = False,
+    q: Field = "",
+    reason: Field = "",
+) -> Response:
+    """`one` (a row's own button) alone, else the selected `ids`, else all that match."""
+    web.require_change(request, you, csrf)
+    chosen = [one] if one else ids
+    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, True)
+    return web.redirect(
+        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"requeued {count}"
+    )
+
+
+@router.post("/deadletters/delete")
+async def delete(
+    request: Request,
+    you: SessionDep,
+    stream: Field,
+    csrf: Csrf = None,
+    ids: Annotated[list[str] | None, Form()] = None,
+    one: Annotated[str | None, Form()] = None,
+    all_matching: Annotated[bool, Form()] = False,
+    q: Field = "",
+    reason: Field = "",
+) -> Response:
+    web.require_change(request, you, csrf)
+    chosen = [one] if one else ids
+    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, False)
+    return web.redirect(
+        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"deleted {count}"
+    )
+
+
+async def _each(
+    request: Request,
+    you: Session,
+    stream: StreamKey,
+    ids: list[str] | None,
+    all_matching: bool,
+    q: str,
+    reason: str,
+    requeueing: bool,
+) -> int:
+    rt = web.runtime(request)
+    if all_matching and not ids:
+        where = deadletters.Filter(text=q, reason=reason)
+        return await deadletters.apply_to_matching(
+            rt, you.caller, stream=stream, where=where, requeueing=requeueing
+        )
+    done = 0
+    for dlq_id in ids or []:
+        if requeueing:
+            ok = bool(
+                await deadletters.requeue(
+                    rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
+                )
+            )
+        else:
+            ok = await deadletters.delete(
+                rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
+            )
+        done += ok
+    return done
+
+
+@router.post("/move")
+async def move(
+    request: Request,
+    you: SessionDep,
+    stream: Field,
+    group: Field,
+    consumer: Field,
+    target: Field,
+    seen_at: Annotated[int, Form()],
+    csrf: Csrf = None,
+    entries: Annotated[list[str] | None, Form()] = None,
+) -> Response:
+    """`entries` are `<id>@<idle ms>` as the page showed them."""
+    web.require_change(request, you, csrf)
+    seen = []
+    for item in entries or []:
+        entry_id, _, idle = item.partition("@")
+        if not idle.isdigit():
+            return HTMLResponse(f"malformed entry {item!r}", status_code=422)
+        seen.append(moves.Seen(entry_id, int(idle)))
+    try:
+        moved = await moves.move(
+            web.runtime(request),
+            you.caller,
+            stream=stream,
+            group=group,
+            owner=consumer,
+            target=target,
+            entries=seen,
+            seen_at_ms=seen_at,
+        )
+    except moves.MoveRefused as exc:
+        return web.page(request, "error.html", you, status_code=409, message=str(exc))
+    return web.redirect(
+        request,
+        "/pending",
+        stream=stream,
+        group=group,
+        consumer=consumer,
+        done=f"moved {len(moved)} of {len(seen)} to {target}",
+    )
+
+
+@router.post("/scan")
+async def scan(
+    request: Request,
+    you: SessionDep,
+    csrf: Csrf = None,
+    apply: Annotated[bool, Form()] = False,
+) -> Response:
+    """A dry run (a preview: changes nothing, any role) or, with `apply`, a real scan."""
+    if apply:
+        web.require_change(request, you, csrf)
+    elif not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
+        raise web.Refused(403, "missing or invalid CSRF token; reload the page")
+    try:
+        report = await web.runtime(request).scan(not apply)
+    except NotLeading as exc:
+        return web.page(request, "error.html", you, status_code=409, message=str(exc))
+    return web.page(request, "scan.html", you, report=report, dry_run=not apply)
+
+
+def _login_page(request: Request, *, next: str, error: str = "", status: int = 200) -> Response:
+    body = web.templates.get_template("login.html").render(
+        url=lambda path, **q: web.url(request, path, **q),
+        static=lambda name: web.url(request, f"/static/{name}"),
+        next=next,
+        error=error,
+    )
+    return HTMLResponse(body, status_code=status, headers=web.SECURITY_HEADERS)

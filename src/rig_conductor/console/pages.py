@@ -1,0 +1,179 @@
+"""The console's views (GET): overview, group, a consumer's pending entries, agents, dead
+letters, reclaim history and the scan page. Each reads through `operations`; none changes
+anything."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse
+
+from rig_conductor.adapters.postgres import history, queries
+from rig_conductor.console import web
+from rig_conductor.console.session import Session
+from rig_conductor.domain import StreamKey
+from rig_conductor.operations import deadletters, views
+
+router = APIRouter(include_in_schema=False)
+PEL_PAGE = 100
+DLQ_PAGE = 50
+HISTORY_ROWS = 200
+REASONS = ("pod-gone", "down", "degraded", "stalled", "manual")
+
+SessionDep = Annotated[Session, Depends(web.current)]
+Text = Annotated[str, Query(max_length=256)]
+
+
+@router.get("")
+@router.get("/")
+async def overview(request: Request, you: SessionDep) -> HTMLResponse:
+    rt = web.runtime(request)
+    seen = await views.overview(rt)
+    real = [s for s in reversed(seen.scans) if not s.dry_run]
+    series = {
+        "t": [int(s.finished_at.timestamp()) for s in real],
+        "pending": [s.pending for s in real],
+        "reclaimed": [s.reclaimed for s in real],
+        "deadLettered": [s.dead_lettered for s in real],
+    }
+    return web.page(
+        request,
+        "overview.html",
+        you,
+        seen=seen,
+        scans=seen.scans[:10],
+        series=json.dumps(series),
+    )
+
+
+@router.get("/group")
+async def group(request: Request, you: SessionDep, stream: Text, name: Text) -> HTMLResponse:
+    rt = web.runtime(request)
+    try:
+        info, consumers = await views.group(rt, stream=stream, name=name)
+    except LookupError as exc:
+        return web.page(request, "error.html", you, status_code=404, message=str(exc))
+    return web.page(request, "group.html", you, group=info, consumers=consumers)
+
+
+@router.get("/pending")
+async def pending(
+    request: Request,
+    you: SessionDep,
+    stream: Text,
+    group: Text,
+    consumer: Text,
+    after: Annotated[str | None, Query(max_length=64)] = None,
+) -> HTMLResponse:
+    rt = web.runtime(request)
+    try:
+        info, consumers = await views.group(rt, stream=stream, name=group)
+    except LookupError as exc:
+        return web.page(request, "error.html", you, status_code=404, message=str(exc))
+    rows, seen_at = await views.pending(
+        rt, stream=stream, group=group, consumer=consumer, after=after, count=PEL_PAGE
+    )
+    owner = next((c for c in consumers if c.name == consumer), None)
+    return web.page(
+        request,
+        "pending.html",
+        you,
+        group=info,
+        consumer=consumer,
+        owner=owner,
+        rows=rows,
+        after=after,
+        next_after=rows[-1].id if len(rows) == PEL_PAGE else None,
+        targets=[c for c in consumers if c.target and c.name != consumer],
+        seen_at=seen_at,
+    )
+
+
+@router.get("/agents")
+async def agents(request: Request, you: SessionDep) -> HTMLResponse:
+    rt = web.runtime(request)
+    now, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
+    down_ms = rt.settings.agent_down_ms
+    listed = []
+    for row in rows:
+        age = max(0, int((now - row.last_heartbeat_at).total_seconds() * 1000))
+        state = "down" if age >= down_ms else ("degraded" if row.degraded else "up")
+        listed.append((row, age, state))
+    heard = {row.agent_id for row in rows}
+    never = sorted(a for a in rt.settings.agent_ids if a not in heard)
+    return web.page(request, "agents.html", you, agents=listed, never=never)
+
+
+@router.get("/deadletters")
+async def dead_letters(
+    request: Request,
+    you: SessionDep,
+    stream: Text = "",
+    q: Text = "",
+    reason: Text = "",
+    before: Annotated[str | None, Query(max_length=64)] = None,
+) -> HTMLResponse:
+    rt = web.runtime(request)
+    key = StreamKey(stream or rt.settings.dispatch_stream)
+    where = deadletters.Filter(text=q, reason=reason)
+    letters, next_before = await deadletters.find(
+        rt, stream=key, where=where, before=before, count=DLQ_PAGE
+    )
+    return web.page(
+        request,
+        "deadletters.html",
+        you,
+        stream=key,
+        q=q,
+        reason=reason,
+        letters=letters,
+        before=before,
+        next_before=next_before,
+        streams=_stream_names(rt.settings.streams, rt.settings.dispatch_stream),
+    )
+
+
+@router.get("/reclaims")
+async def reclaims(
+    request: Request,
+    you: SessionDep,
+    stream: Text = "",
+    agent: Text = "",
+    reason: Text = "",
+    hours: Annotated[float | None, Query(gt=0, le=24 * 365)] = None,
+) -> HTMLResponse:
+    rt = web.runtime(request)
+    since = datetime.now(UTC) - timedelta(hours=hours) if hours else None
+    rows = await history.reclaims(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        where=history.ReclaimFilter(
+            stream=stream or None, agent=agent or None, reason=reason or None, since=since
+        ),
+        limit=HISTORY_ROWS,
+    )
+    return web.page(
+        request,
+        "reclaims.html",
+        you,
+        rows=rows,
+        stream=stream,
+        agent=agent,
+        reason=reason,
+        hours=hours or "",
+        reasons=REASONS,
+    )
+
+
+@router.get("/scan")
+async def scan(request: Request, you: SessionDep) -> HTMLResponse:
+    return web.page(request, "scan.html", you, report=None, dry_run=None)
+
+
+def _stream_names(configured: tuple[str, ...], dispatch: str) -> list[str]:
+    """The literal stream names the settings name (patterns cannot be listed without a scan)."""
+    names = [dispatch, *(s for s in configured if not any(c in s for c in "*?["))]
+    return list(dict.fromkeys(names))

@@ -1,0 +1,74 @@
+// rig-conductor console: the few behaviours the server-rendered pages need.
+// - forms and buttons with data-confirm ask before they submit;
+// - "select all" checkboxes; buttons marked data-needs-selection need a selection;
+// - the pending/reclaims plot (uPlot), redrawn when htmx swaps in fresh numbers.
+// htmx's polling (hx-trigger="every 5s [document.visibilityState === 'visible']") stops
+// while the tab is hidden.
+(function () {
+  "use strict";
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    var button = event.submitter;
+    var needsSelection = button && button.hasAttribute("data-needs-selection");
+    if (needsSelection && !form.querySelector("input[type=checkbox][name]:checked")) {
+      event.preventDefault();
+      window.alert("Select at least one row first.");
+      return;
+    }
+    var question = (button && button.getAttribute("data-confirm")) || form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+    }
+  });
+
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (box.classList && box.classList.contains("all")) {
+      var table = box.closest("table");
+      table.querySelectorAll("tbody input[type=checkbox]").forEach(function (row) {
+        row.checked = box.checked;
+      });
+    }
+  });
+
+  var plot = null;
+
+  function series() {
+    var node = document.querySelector("script.series");
+    if (!node) return null;
+    var data = JSON.parse(node.textContent);
+    return [data.t, data.pending, data.reclaimed, data.deadLettered];
+  }
+
+  function draw() {
+    var target = document.getElementById("plot");
+    var data = series();
+    if (!target || !data || typeof uPlot === "undefined") return;
+    if (plot) {
+      plot.setData(data);
+      return;
+    }
+    var width = Math.max(320, target.clientWidth || 800);
+    plot = new uPlot({
+      width: width,
+      height: 220,
+      series: [
+        {},
+        { label: "pending", stroke: "#2563eb", width: 2 },
+        { label: "reclaimed", stroke: "#16a34a", width: 2 },
+        { label: "dead-lettered", stroke: "#dc2626", width: 2 }
+      ],
+      axes: [{}, { size: 60 }]
+    }, data, target);
+    window.addEventListener("resize", function () {
+      plot.setSize({ width: Math.max(320, target.clientWidth), height: 220 });
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("htmx:afterSwap", draw);
+  document.body && document.body.addEventListener("htmx:configRequest", function (event) {
+    event.detail.headers["X-CSRF-Token"] = document.body.getAttribute("data-csrf");
+  });
+})();

@@ -1,0 +1,166 @@
+"""What the console's pages and actions share: the templates, the session guard, and
+rendering (a whole page, or just the live part of it for htmx's polling)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from rig_conductor import __version__, roles
+from rig_conductor.console import session
+from rig_conductor.runtime import Runtime
+
+HERE = Path(__file__).parent
+STATIC = HERE / "static"
+templates = Environment(
+    loader=FileSystemLoader(HERE / "templates"),
+    autoescape=select_autoescape(["html"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+# Scripts and styles only from the console itself: nothing inline, nothing from a CDN.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
+class SignInRequired(Exception):
+    """No valid session: the page redirects to the sign-in form."""
+
+
+class Refused(Exception):
+    """An action refused (403: no CSRF token, or a role that may not change things)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+def runtime(request: Request) -> Runtime:
+    value: Runtime = request.app.state.runtime
+    return value
+
+
+def tokens(request: Request) -> roles.Tokens:
+    value: roles.Tokens = request.app.state.console_tokens
+    return value
+
+
+def url(request: Request, path: str, **query: Any) -> str:
+    """A console URL under the root path, with the non-empty query parameters."""
+    root = request.scope.get("root_path", "")
+    params = {k: v for k, v in query.items() if v not in (None, "")}
+    return f"{root}/ui{path}" + (f"?{urlencode(params)}" if params else "")
+
+
+def current(request: Request) -> session.Session:
+    """The request's session; SignInRequired without one. An open console (no tokens at all)
+    has no sign-in: the visitor gets an anonymous session, set on the response by `page`."""
+    found = session.read(tokens(request), request.cookies.get(session.COOKIE))
+    if found is not None:
+        return found
+    if tokens(request).open:
+        fresh, cookie = session.anonymous()
+        request.state.new_cookie = cookie
+        return fresh
+    raise SignInRequired
+
+
+def require_change(request: Request, current_session: session.Session, csrf: str | None) -> None:
+    """An action: the CSRF token must match, and the role must be allowed to change things."""
+    presented = csrf or request.headers.get("x-csrf-token")
+    if not current_session.csrf_ok(presented):
+        raise Refused(403, "missing or invalid CSRF token; reload the page")
+    if not tokens(request).allows(current_session.caller, roles.Need.CHANGE):
+        raise Refused(403, f"the {current_session.caller.role.name.lower()} role may not do this")
+
+
+def page(
+    request: Request,
+    template: str,
+    current_session: session.Session,
+    status_code: int = 200,
+    **context: Any,
+) -> HTMLResponse:
+    """Render a page; for an htmx request, only the part it asks for (the template's `live`
+    block when polled)."""
+    env = {
+        "request": request,
+        "url": lambda path, **q: url(request, path, **q),
+        "static": lambda name: f"{request.scope.get('root_path', '')}/ui/static/{name}",
+        "who": current_session.caller.who,
+        "role": current_session.caller.role.name.lower(),
+        "can_change": tokens(request).allows(current_session.caller, roles.Need.CHANGE),
+        "open_console": tokens(request).open,
+        "csrf": current_session.csrf,
+        "version": __version__,
+        "now": datetime.now(UTC),
+        "ms": format_ms,
+        "when": format_time,
+        **context,
+    }
+    compiled = templates.get_template(template)
+    if request.headers.get("hx-request") and "live" in compiled.blocks:
+        body = "".join(compiled.blocks["live"](compiled.new_context(env)))
+    else:
+        body = compiled.render(env)
+    response = HTMLResponse(body, status_code=status_code, headers=SECURITY_HEADERS)
+    new_cookie = getattr(request.state, "new_cookie", None)
+    if new_cookie:
+        set_cookie(request, response, new_cookie)
+    return response
+
+
+def set_cookie(request: Request, response: Response, value: str) -> None:
+    secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+    response.set_cookie(
+        session.COOKIE,
+        value,
+        max_age=session.TTL_S,
+        path=url(request, ""),
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+    )
+
+
+def redirect(request: Request, path: str, **query: Any) -> RedirectResponse:
+    return RedirectResponse(url(request, path, **query), status_code=303)
+
+
+def format_ms(value: int | None) -> str:
+    """A duration for people: 850 ms, 12.3 s, 4 m 05 s, 2 h 10 m, 3 d 4 h."""
+    if value is None:
+        return "-"
+    if value < 1000:
+        return f"{value} ms"
+    seconds = value / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} m {sec:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} m"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def format_time(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

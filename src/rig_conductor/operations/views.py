@@ -1,0 +1,173 @@
+"""The read models of the console's views: streams and groups, one group's consumers with
+their liveness evidence, agents, and the last scans. Judged with the reaper's own rules
+(`policy.liveness.Fleet`) at PostgreSQL's clock, so the console and the reaper agree.
+
+Every read is bounded at any size: XINFO and one XPENDING of one entry per group, never a
+whole pending list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from rig_conductor.adapters import redis_inspect, redis_reading
+from rig_conductor.adapters.postgres import history, queries
+from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, GroupName, StreamKey
+from rig_conductor.policy.liveness import Fleet, age_ms
+from rig_conductor.runtime import Runtime
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRow:
+    stream: str
+    group: str
+    pending: int
+    consumers: int
+    oldest_idle_ms: int | None
+    dead_letters: int
+    down: int  # consumers down by rule 3
+    held_by_down: int  # entries those down consumers hold
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRow:
+    name: str
+    agent: str | None
+    heartbeat_age_ms: int | None
+    pod: str  # live, gone, absent, unknown (or "-" with Kubernetes off)
+    idle_ms: int
+    pending: int
+    down_reasons: tuple[str, ...]
+    degraded: bool
+    # May receive entries (rule 5): alive by its own evidence, not down, not degraded-stale.
+    target: bool
+
+    @property
+    def state(self) -> str:
+        if self.down_reasons:
+            return "down"
+        return "degraded" if self.degraded else "up"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSummary:
+    up: int
+    down: int
+    degraded: int
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    now: datetime
+    groups: list[GroupRow]
+    agents: AgentSummary
+    scans: list[history.ScanRow]
+    nodes_failed: dict[str, str]
+
+
+async def evidence(rt: Runtime) -> Evidence:
+    return await queries.load_evidence(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        configured_agents=rt.settings.agent_ids,
+        pods=rt.pods() if rt.pods is not None else None,
+    )
+
+
+async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
+    reading = await redis_reading.read(rt.servers(), rt.settings.streams)
+    known = await evidence(rt)
+    fleet = Fleet(known, rt.settings.limits)
+    groups = reading.groups
+    streams = sorted({g.stream for g in groups})
+    letters = dict(
+        zip(streams, await redis_inspect.dead_letter_counts(rt.redis, streams=streams), strict=True)
+    )
+    rows = []
+    for group in groups:
+        down = [c for c in group.consumers if fleet.is_down(c.name)]
+        rows.append(
+            GroupRow(
+                group.stream,
+                group.name,
+                group.pending,
+                len(group.consumers),
+                group.oldest_idle_ms,
+                letters.get(group.stream, 0),
+                len(down),
+                sum(c.pending for c in down),
+            )
+        )
+    return Overview(
+        known.now,
+        rows,
+        _agent_summary(known, fleet),
+        await history.recent_scans(rt.engine, tenant=rt.settings.tenant, limit=scans),
+        dict(reading.failed),
+    )
+
+
+def _agent_summary(known: Evidence, fleet: Fleet) -> AgentSummary:
+    up = down = degraded = 0
+    for agent in known.known_agents:
+        beat = known.agent_heartbeats.get(agent)
+        if not fleet.agent_up(agent):
+            down += 1
+        elif beat is not None and beat.degraded:
+            degraded += 1
+        else:
+            up += 1
+    return AgentSummary(up, down, degraded)
+
+
+async def group(rt: Runtime, *, stream: str, name: str) -> tuple[GroupInfo, list[ConsumerRow]]:
+    """One group with its consumers judged; LookupError when there is no such group."""
+    reading = await redis_reading.read(rt.servers(), [stream])
+    found = next((g for g in reading.groups if g.name == name and g.stream == stream), None)
+    if found is None:
+        raise LookupError(f"no group {name!r} on stream {stream!r}")
+    known = await evidence(rt)
+    return found, consumer_rows(found, known, rt)
+
+
+def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[ConsumerRow]:
+    fleet = Fleet(known, rt.settings.limits)
+    kube = rt.pods is not None
+    rows = []
+    for info in group.consumers:
+        verdict = fleet.owner(info.name)
+        own = known.consumer_heartbeats.get(info.name)
+        agent_beat = known.agent_heartbeats.get(verdict.agent) if verdict.agent else None
+        ages = [a for a in (age_ms(own, known.now), age_ms(agent_beat, known.now)) if a is not None]
+        rows.append(
+            ConsumerRow(
+                name=info.name,
+                agent=verdict.agent,
+                heartbeat_age_ms=min(ages) if ages else None,
+                pod=known.pod(info.name).value if kube else "-",
+                idle_ms=info.idle_ms,
+                pending=info.pending,
+                down_reasons=tuple(r.value for r in verdict.reasons),
+                degraded=fleet.degraded_since(info.name) is not None,
+                target=fleet.target(info) is not None,
+            )
+        )
+    rows.sort(key=lambda r: (r.state != "down", r.state != "degraded", r.name))
+    return rows
+
+
+async def pending(
+    rt: Runtime, *, stream: str, group: str, consumer: str, after: str | None, count: int
+) -> tuple[list[redis_inspect.PendingRow], int]:
+    """A page of the consumer's pending entries, and Redis's TIME just after reading them (a
+    move by hand guards each entry with its idle time then plus the time since)."""
+    rows = await redis_inspect.pending_page(
+        rt.redis,
+        stream=StreamKey(stream),
+        group=GroupName(group),
+        consumer=ConsumerName(consumer),
+        after=after,
+        count=count,
+    )
+    return rows, await redis_inspect.server_time_ms(rt.redis)

@@ -1,0 +1,117 @@
+"""Who may do what: the three token roles, shared by the JSON API and the console.
+
+- viewer (`RIG_VIEWER_TOKENS`): reads, and dry-run scans, which change nothing;
+- agent (`RIG_API_TOKENS`): reads and reports events; also changes things (non-dry scans,
+  dead-letter requeue and delete, console actions) while no operator tokens are set;
+- operator (`RIG_OPERATOR_TOKENS`): everything.
+
+With no tokens at all the API is open and everyone is an operator. Every presented token is
+compared with every configured one in constant time, so timing tells nothing about which came
+close.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class Role(enum.IntEnum):
+    """Ordered: a role may do what the ones below it may."""
+
+    VIEWER = 1
+    AGENT = 2
+    OPERATOR = 3
+
+
+class Need(enum.Enum):
+    """What a request asks to do."""
+
+    READ = "read"
+    REPORT = "report"  # POST /api/events
+    CHANGE = "change"  # non-dry scans, dead-letter requeue and delete, console actions
+
+
+@dataclass(frozen=True)
+class Caller:
+    role: Role
+    # A short fingerprint of the token (never the token), for audit lines: `operator:1a2b3c4d`.
+    who: str
+
+
+ANONYMOUS = Caller(Role.OPERATOR, "anonymous")
+
+
+def fingerprint(token: bytes) -> str:
+    return hashlib.sha256(token).hexdigest()[:8]
+
+
+class Tokens:
+    def __init__(
+        self,
+        *,
+        agent: Iterable[bytes] = (),
+        operator: Iterable[bytes] = (),
+        viewer: Iterable[bytes] = (),
+    ) -> None:
+        self._all: list[tuple[bytes, Role]] = [
+            *((t, Role.OPERATOR) for t in operator),
+            *((t, Role.AGENT) for t in agent),
+            *((t, Role.VIEWER) for t in viewer),
+        ]
+        self.has_operators = any(role is Role.OPERATOR for _, role in self._all)
+
+    @property
+    def open(self) -> bool:
+        """No tokens configured: no sign-in, everyone may do everything."""
+        return not self._all
+
+    def caller(self, presented: bytes) -> Caller | None:
+        """The strongest role the token carries; None for an unknown token."""
+        best: Role | None = None
+        for token, role in self._all:  # no early exit: constant time over the configured list
+            if hmac.compare_digest(presented, token) and (best is None or role > best):
+                best = role
+        if best is None:
+            return None
+        return Caller(best, f"{best.name.lower()}:{fingerprint(presented)}")
+
+    def token_for(self, who: str) -> bytes | None:
+        """The configured token behind an audit name (to check a session's signature)."""
+        found: bytes | None = None
+        for token, role in self._all:
+            name = f"{role.name.lower()}:{fingerprint(token)}"
+            if hmac.compare_digest(name.encode(), who.encode()):
+                found = token
+        return found
+
+    def allows(self, caller: Caller, need: Need) -> bool:
+        if need is Need.READ:
+            return True
+        if need is Need.REPORT:
+            return caller.role >= Role.AGENT
+        if caller.role is Role.OPERATOR:
+            return True
+        return caller.role is Role.AGENT and not self.has_operators
+
+
+def api_need(method: str, path: str, query: bytes) -> Need:
+    """What a request under /api asks to do, from its method, path and query alone."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return Need.READ
+    if path == "/api/events":
+        return Need.REPORT
+    if path == "/api/reaper/scan" and _dry_run(query):
+        return Need.READ
+    return Need.CHANGE
+
+
+def _dry_run(query: bytes) -> bool:
+    for pair in query.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        if name == b"dryRun":
+            return value.lower() in (b"true", b"t", b"1", b"yes", b"y", b"on")
+    return False

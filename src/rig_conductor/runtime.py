@@ -1,0 +1,54 @@
+"""What the HTTP routes and the console share while `serve` runs: the clients, the heartbeat
+writer, the metrics and a way to run a scan now. Built by `app.py`; the routes reach the reaper
+only through `scan`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor import roles
+from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
+from rig_conductor.adapters.redis_client import AnyRedis, Topology
+from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.metrics import Metrics
+from rig_conductor.settings import Settings
+
+# Runs one scan now (after any scan in progress) and returns its report as JSON; raises
+# `domain.NotLeading` for a non-dry scan on a replica that is not the active reaper.
+ScanNow = Callable[[bool | None], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    redis: AnyRedis
+    engine: AsyncEngine
+    heartbeats: HeartbeatWriter
+    scan: ScanNow
+    metrics: Metrics
+    schema_head: str | None
+    # The servers holding streams (each primary of a cluster), for views that read them all.
+    topology: Topology | None = None
+    tokens: roles.Tokens | None = None
+    # What Kubernetes last said about each pod (= consumer); None with Kubernetes off.
+    pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
+
+    def servers(self) -> Topology:
+        if self.topology is None:
+            self.topology = Topology(self.redis, self.settings)
+        return self.topology
+
+
+def tokens_of(settings: Settings) -> roles.Tokens:
+    def raw(values: tuple[Any, ...]) -> list[bytes]:
+        return [v.get_secret_value().encode() for v in values]
+
+    return roles.Tokens(
+        agent=raw(settings.api_tokens),
+        operator=raw(settings.operator_tokens),
+        viewer=raw(settings.viewer_tokens),
+    )

@@ -1,0 +1,420 @@
+"""The operator console over HTTP (real app, Redis and PostgreSQL): sessions, CSRF, roles, and
+every view and action. The browser tests (tests/browser) drive the same pages in Chromium."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.app import create_app
+from rig_conductor.console import session
+from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register
+
+S, G = "rig:dispatch", "workers"
+OPERATOR, VIEWER, AGENT = "op-secret", "view-secret", "agent-secret"
+
+
+@pytest.fixture
+def build(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> Callable[..., FastAPI]:
+    def make(**overrides: Any) -> FastAPI:
+        values: dict[str, Any] = {
+            "agent_ids": ("dev-e", "qa-e"),
+            "streams": (S,),
+            "dispatch_stream": S,
+            "operator_tokens": OPERATOR,
+            "viewer_tokens": VIEWER,
+            "api_tokens": AGENT,
+            "entry_stale_ms": 0,
+        }
+        values.update(overrides)
+        return create_app(make_settings(**values), schedule_reaper=False)
+
+    return make
+
+
+async def _client(app: FastAPI, base: str = "http://c") -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=base) as client:
+            yield client
+
+
+@pytest.fixture
+async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in _client(build()):
+        yield client
+
+
+async def sign_in(client: httpx.AsyncClient, token: str) -> str:
+    """Sign in; returns the CSRF token of the overview page."""
+    answer = await client.post("/ui/login", data={"token": token})
+    assert answer.status_code == 303, answer.text
+    page = await client.get("/ui")
+    assert page.status_code == 200
+    return csrf_of(page.text)
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF token on the page"
+    return found.group(1)
+
+
+async def heartbeat(client: httpx.AsyncClient, agent: str, consumer: str) -> None:
+    answer = await client.post(
+        "/api/events",
+        json={"type": "HEARTBEAT", "agentId": agent, "consumer": consumer},
+        headers={"Authorization": f"Bearer {AGENT}"},
+    )
+    assert answer.status_code == 202
+
+
+async def stuck(redis: Redis, client: httpx.AsyncClient, n: int = 5) -> list[str]:
+    """dev-e-0 (no heartbeat: down) holds `n` entries; qa-e-0 heartbeats and holds none."""
+    await fill(redis, S, G, n)
+    held = await read(redis, S, G, "dev-e-0", n)
+    await register(redis, S, G, "qa-e-0")
+    await heartbeat(client, "qa-e", "qa-e-0")
+    return held
+
+
+async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
+    console: httpx.AsyncClient,
+) -> None:
+    first = await console.get("/ui/agents?x=1")
+    assert first.status_code == 303
+    assert first.headers["location"] == "/ui/login?next=%2Fui%2Fagents%3Fx%3D1"
+    wrong = await console.post("/ui/login", data={"token": "guess"})
+    assert wrong.status_code == 401 and "not valid" in wrong.text
+    assert session.COOKIE not in wrong.cookies
+    ok = await console.post("/ui/login", data={"token": VIEWER, "next": "/ui/agents?x=1"})
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui/agents?x=1"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert "Secure" not in cookie  # plain http here
+    assert VIEWER not in cookie
+    assert (await console.get("/ui/agents")).status_code == 200
+    # An open redirect is refused: `next` must stay inside the console.
+    elsewhere = await console.post("/ui/login", data={"token": VIEWER, "next": "//evil.example/"})
+    assert elsewhere.headers["location"] == "/ui"
+
+
+async def test_the_cookie_is_secure_behind_https(console: httpx.AsyncClient) -> None:
+    ok = await console.post(
+        "/ui/login", data={"token": VIEWER}, headers={"X-Forwarded-Proto": "https"}
+    )
+    assert "Secure" in ok.headers["set-cookie"]
+
+
+async def test_sign_out_forged_and_expired_sessions(
+    console: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await sign_in(console, OPERATOR)
+    cookie = console.cookies[session.COOKIE]
+    console.cookies.clear()
+    # A cookie whose signature does not hold, or made up, is no session.
+    payload, _, signature = cookie.partition(".")
+    for forged in (f"{payload}.{signature[::-1]}", "e30.e30", "garbage", cookie + "x"):
+        console.cookies.set(session.COOKIE, forged)
+        assert (await console.get("/ui")).status_code == 303
+        console.cookies.clear()
+    csrf = await sign_in(console, OPERATOR)
+    out = await console.post("/ui/logout", data={"csrf": csrf})
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert (
+        'rig_session=""' in out.headers["set-cookie"] and "Max-Age=0" in out.headers["set-cookie"]
+    )
+    assert (await console.get("/ui")).status_code == 303
+    monkeypatch.setattr(session, "TTL_S", -1)
+    await console.post("/ui/login", data={"token": OPERATOR})
+    assert (await console.get("/ui")).status_code == 303  # expired at once
+
+
+async def test_actions_need_the_csrf_token(console: httpx.AsyncClient, redis: Redis) -> None:
+    csrf = await sign_in(console, OPERATOR)
+    dlq_id = await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
+    for data in ({"stream": S, "one": dlq_id}, {"stream": S, "one": dlq_id, "csrf": "x" * 64}):
+        answer = await console.post("/ui/deadletters/delete", data=data)
+        assert answer.status_code == 403 and "CSRF" in answer.text
+    assert await redis.xlen(f"{S}:dlq") == 1
+    ok = await console.post(
+        "/ui/deadletters/delete", data={"stream": S, "one": dlq_id, "csrf": csrf}
+    )
+    assert ok.status_code == 303 and "deleted+1" in ok.headers["location"]
+    assert await redis.xlen(f"{S}:dlq") == 0
+
+
+async def test_a_viewer_sees_everything_and_may_change_nothing(
+    console: httpx.AsyncClient, redis: Redis
+) -> None:
+    held = await stuck(redis, console)
+    await redis.xadd(
+        f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries", "issueId": "rc-9"}
+    )
+    csrf = await sign_in(console, VIEWER)
+    letters = await console.get("/ui/deadletters")
+    assert "rc-9" in letters.text and "Requeue" not in letters.text and "Delete" not in letters.text
+    pending = await console.get(
+        "/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"}
+    )
+    assert held[0] in pending.text and "Move selected" not in pending.text
+    refused = await console.post(
+        "/ui/move",
+        data={
+            "csrf": csrf,
+            "stream": S,
+            "group": G,
+            "consumer": "dev-e-0",
+            "target": "qa-e-0",
+            "seen_at": "0",
+            "entries": [f"{held[0]}@0"],
+        },
+    )
+    assert refused.status_code == 403 and "viewer" in refused.text
+    assert set((await owners(redis, S, G)).values()) == {"dev-e-0"}
+    # A dry run changes nothing: a viewer may preview.
+    preview = await console.post("/ui/scan", data={"csrf": csrf})
+    assert preview.status_code == 200 and 'class="n-reclaimed">5<' in preview.text
+    assert "Apply" not in preview.text
+    assert (await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})).status_code == 403
+
+
+async def test_agent_tokens_act_only_without_operator_tokens(
+    build: Callable[..., FastAPI], redis: Redis
+) -> None:
+    async for console in _client(build()):
+        csrf = await sign_in(console, AGENT)
+        answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
+        assert answer.status_code == 403 and "agent" in answer.text
+    async for console in _client(build(operator_tokens="")):
+        csrf = await sign_in(console, AGENT)
+        answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
+        assert answer.status_code == 200 and "Scan done" in answer.text
+
+
+async def test_overview_and_group_show_the_down_consumer_and_what_it_holds(
+    console: httpx.AsyncClient, redis: Redis
+) -> None:
+    await stuck(redis, console, 7)
+    await sign_in(console, VIEWER)
+    overview = await console.get("/ui")
+    row = re.search(r"<tr class=\"bad\">(.*?)</tr>", overview.text, re.S)
+    assert row, overview.text
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)
+    assert cells[0] == S and ">workers<" in cells[1]
+    assert cells[2] == "7" and cells[5] == "1" and cells[6] == "7"  # pending, down, held by down
+    polled = await console.get("/ui", headers={"HX-Request": "true"})
+    assert polled.text.lstrip().startswith('<div id="live"') and "<html" not in polled.text
+    group = await console.get("/ui/group", params={"stream": S, "name": G})
+    dev = re.search(r'data-consumer="dev-e-0">(.*?)</tr>', group.text, re.S)
+    qa = re.search(r'data-consumer="qa-e-0">(.*?)</tr>', group.text, re.S)
+    assert dev and qa
+    assert "state-down" in dev.group(1) and ">7<" in dev.group(1)
+    assert "agent-heartbeat-stale" in dev.group(1) or "agent-never-heartbeated" in dev.group(1)
+    assert "state-up" in qa.group(1)
+    missing = await console.get("/ui/group", params={"stream": S, "name": "nope"})
+    assert missing.status_code == 404
+
+
+async def test_the_pending_page_pages_by_id(console: httpx.AsyncClient, redis: Redis) -> None:
+    held = await stuck(redis, console, 230)
+    await sign_in(console, VIEWER)
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(5):
+        params = {
+            "stream": S,
+            "group": G,
+            "consumer": "dev-e-0",
+            **({"after": after} if after else {}),
+        }
+        page = await console.get("/ui/pending", params=params)
+        seen += re.findall(r'<td class="mono">(\d+-\d+)</td>', page.text)
+        found = re.search(r'after=(\d+-\d+)" id="next"', page.text)
+        if not found:
+            break
+        after = found.group(1)
+    assert seen == held  # every entry once, in id order, in three pages
+    assert (
+        "rc-1"
+        in (
+            await console.get(
+                "/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"}
+            )
+        ).text
+    )
+
+
+async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
+    console: httpx.AsyncClient,
+    redis: Redis,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    held = await stuck(redis, console, 5)
+    async with engine.begin() as conn:  # dev-e-0 had started the first entry
+        await conn.execute(
+            assignments.insert().values(
+                tenant="default",
+                stream=S,
+                entry_id=held[0],
+                state="running",
+                attempt=1,
+                consumer="dev-e-0",
+            )
+        )
+    csrf = await sign_in(console, OPERATOR)
+    page = await console.get("/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"})
+    boxes = re.findall(r'name="entries" value="([^"]+)"', page.text)
+    seen_at = re.search(r'name="seen_at" value="(\d+)"', page.text)
+    assert len(boxes) == 5 and seen_at
+    assert re.search(r'<option value="qa-e-0">', page.text)
+    assert '<option value="dev-e-0">' not in page.text  # neither the owner nor a down consumer
+    # The owner reads one entry again after the page was drawn: the guard leaves it.
+    await redis.xclaim(S, G, "dev-e-0", 0, [held[2]])
+    caplog.set_level(logging.INFO)
+    form = {
+        "csrf": csrf,
+        "stream": S,
+        "group": G,
+        "consumer": "dev-e-0",
+        "target": "qa-e-0",
+        "seen_at": seen_at.group(1),
+        "entries": boxes[:3],
+    }
+    moved = await console.post("/ui/move", data=form)
+    assert moved.status_code == 303 and "moved+2+of+3" in moved.headers["location"]
+    now = await owners(redis, S, G)
+    assert [now[e] for e in held] == ["qa-e-0", "qa-e-0", "dev-e-0", "dev-e-0", "dev-e-0"]
+    for entry in held[:2]:
+        assert f"[StreamReclaim] Reclaimed {entry} on {S}: dev-e-0 -> qa-e-0" in caplog.text
+    assert f"Reclaimed {held[2]}" not in caplog.text
+    assert re.search(r"\[Console\] operator:[0-9a-f]{8} moved 2 of 3 selected entries", caplog.text)
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).one()
+        attempt = (
+            await conn.execute(
+                select(assignments.c.attempt, assignments.c.consumer).where(
+                    assignments.c.entry_id == held[0]
+                )
+            )
+        ).one()
+    assert row.detail["reason"] == "manual" and row.detail["by"].startswith("operator:")
+    assert sorted(row.entry_ids) == sorted(held[:2]) and row.consumer == "dev-e-0"
+    assert tuple(attempt) == (2, "qa-e-0")  # a new attempt: dev-e-0's late reports are fenced
+    history = await console.get("/ui/reclaims", params={"reason": "manual"})
+    assert "dev-e-0" in history.text and "qa-e-0" in history.text and ">2<" in history.text
+    # A target that is not live is refused.
+    form["target"] = "dev-e-1"
+    await register(redis, S, G, "dev-e-1")
+    refused = await console.post("/ui/move", data=form)
+    assert refused.status_code == 409 and "not live" in refused.text
+
+
+async def test_dead_letters_filter_requeue_selected_and_delete_all_that_match(
+    console: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
+) -> None:
+    ids = [
+        await redis.xadd(
+            f"{S}:dlq",
+            {
+                "originalId": f"1-{i}",
+                "stream": S,
+                "group": G,
+                "consumer": "dev-e-0",
+                "deliveries": "5",
+                "reason": "max-deliveries",
+                "issueId": f"rc-{i}",
+                "repo": "alpha" if i % 2 else "beta",
+            },
+        )
+        for i in range(1, 121)
+    ]
+    csrf = await sign_in(console, OPERATOR)
+    beta = await console.get("/ui/deadletters", params={"q": "beta"})
+    shown = re.findall(r'data-dlq-id="([^"]+)"', beta.text)
+    assert len(shown) == 50 and all(ids.index(i) % 2 == 1 for i in shown)  # rc-2, rc-4, ...
+    assert shown[0] == ids[-1]  # newest first
+    older = re.search(r'before=([\d-]+)" id="next"', beta.text)
+    assert older
+    requeued = await console.post(
+        "/ui/deadletters/requeue", data={"csrf": csrf, "stream": S, "ids": shown[:2]}
+    )
+    assert requeued.status_code == 303 and "requeued+2" in requeued.headers["location"]
+    assert await redis.xlen(S) == 2
+    deleted = await console.post(
+        "/ui/deadletters/delete",
+        data={"csrf": csrf, "stream": S, "q": "beta", "all_matching": "true"},
+    )
+    assert "deleted+58" in deleted.headers["location"]
+    left = await redis.xrange(f"{S}:dlq")
+    assert len(left) == 60 and all(f["repo"] == "alpha" for _, f in left)
+    async with engine.connect() as conn:
+        kinds = [
+            k
+            for (k,) in await conn.execute(
+                select(events.c.kind).where(events.c.kind.like("DEAD_LETTER_%"))
+            )
+        ]
+    assert kinds.count("DEAD_LETTER_REQUEUED") == 2 and kinds.count("DEAD_LETTER_DELETED") == 58
+
+
+async def test_scan_preview_changes_nothing_then_apply_moves_and_shows_in_the_overview(
+    console: httpx.AsyncClient, redis: Redis
+) -> None:
+    held = await stuck(redis, console, 4)
+    csrf = await sign_in(console, OPERATOR)
+    preview = await console.post("/ui/scan", data={"csrf": csrf})
+    assert "Preview" in preview.text and 'class="n-reclaimed">4<' in preview.text
+    assert "qa-e-0: 4" in preview.text and 'id="apply"' in preview.text
+    assert set((await owners(redis, S, G)).values()) == {"dev-e-0"}
+    applied = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
+    assert "Scan done" in applied.text
+    assert {(await owners(redis, S, G))[e] for e in held} == {"qa-e-0"}
+    overview = await console.get("/ui")
+    scans = re.search(r'<table class="grid" id="scans">(.*?)</table>', overview.text, re.S)
+    assert scans and "dry run" in scans.group(1) and "down 4" in scans.group(1)
+    series = re.search(
+        r'<script type="application/json" class="series">(.*?)</script>', overview.text
+    )
+    assert series and '"reclaimed": [4]' in series.group(1)
+    history = await console.get("/ui/reclaims", params={"reason": "down"})
+    assert "dev-e-0" in history.text and ">4<" in history.text
+
+
+async def test_an_open_console_needs_no_sign_in_but_still_a_csrf_token(
+    build: Callable[..., FastAPI], redis: Redis
+) -> None:
+    app = build(operator_tokens="", viewer_tokens="", api_tokens="")
+    async for console in _client(app):
+        assert (await console.get("/ui/login")).status_code == 303
+        page = await console.get("/ui/scan")
+        assert page.status_code == 200 and "anonymous" in page.text
+        assert (await console.post("/ui/scan", data={"apply": "true"})).status_code == 403
+        ok = await console.post("/ui/scan", data={"csrf": csrf_of(page.text), "apply": "true"})
+        assert ok.status_code == 200
+
+
+async def test_pages_allow_no_inline_script_or_outside_asset(console: httpx.AsyncClient) -> None:
+    await sign_in(console, VIEWER)
+    page = await console.get("/ui")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "default-src 'self'" in policy
+    assert not re.search(r"<script(?![^>]*(src=|application/json))", page.text)
+    assert not re.search(r'(src|href)="https?://', page.text)
+    for name in ("vendor/htmx-2.0.11.min.js", "vendor/uPlot-1.6.32.iife.min.js", "console.css"):
+        assert (await console.get(f"/ui/static/{name}")).status_code == 200
