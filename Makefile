@@ -46,6 +46,7 @@ bench: install
 	$(BIN)/python bench/recover.py
 	$(BIN)/python bench/recover_live.py
 	$(BIN)/python bench/audit.py
+	$(BIN)/python bench/console.py
 
 ## Chaos soak: agents SIGKILLed, the conductor restarted; exit 1 on lost or doubled work.
 chaos: install

@@ -233,3 +233,29 @@ async def test_the_console_works_under_a_root_path(
         await page.click("text=Sign out")
         await expect(page).to_have_url(re.compile(r"/rig/ui/login$"))
         assert failed == []
+
+
+async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
+    browser: Browser, redis: Redis, redis_url: str, database_url: str
+) -> None:
+    async with serve(redis_url, database_url, **env()) as conductor:
+        page = await browser.new_page()
+        polls: list[str] = []
+        page.on(
+            "request",
+            lambda r: polls.append(r.url) if r.headers.get("hx-request") == "true" else None,
+        )
+        await sign_in(page, conductor.url, VIEWER)
+        await expect(page.locator("#groups tbody tr")).to_have_text(re.compile("No consumer"))
+        await redis.xgroup_create(STREAM, "late-group", id="0", mkstream=True)
+        # No reload: the live part is fetched again within its period (5 s).
+        await expect(page.locator("#groups")).to_contain_text("late-group", timeout=8_000)
+        assert polls and "/ui" in polls[0]
+        # Hidden tab: no more polling.
+        await page.evaluate(
+            "Object.defineProperty(document, 'visibilityState', {value: 'hidden'});"
+            "document.dispatchEvent(new Event('visibilitychange'));"
+        )
+        before = len(polls)
+        await page.wait_for_timeout(7_000)
+        assert len(polls) == before

@@ -4,10 +4,12 @@ uPlot for the time series, all served from the package (nothing from a CDN)."""
 from __future__ import annotations
 
 import html
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
 from rig_conductor.console import actions, pages, web
@@ -15,6 +17,7 @@ from rig_conductor.console import actions, pages, web
 
 def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.state.console_tokens = tokens
+    app.add_middleware(ServerTiming)
     app.mount("/ui/static", StaticFiles(directory=web.STATIC), name="console-static")
     app.include_router(actions.router, prefix="/ui")
     app.include_router(pages.router, prefix="/ui")
@@ -34,3 +37,29 @@ async def _refused(request: Request, exc: Exception) -> Response:
     return HTMLResponse(
         f"<p>{html.escape(exc.detail)}</p>", status_code=exc.status, headers=web.SECURITY_HEADERS
     )
+
+
+class ServerTiming:
+    """`Server-Timing: app;dur=<ms>` on every console answer: how long the server took to
+    produce it (a browser's developer tools and `bench/console.py` read it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or "/ui" not in scope["path"]:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                took = (time.perf_counter() - started) * 1000
+                headers = [
+                    *message.get("headers", []),
+                    (b"server-timing", f"app;dur={took:.1f}".encode()),
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, timed)

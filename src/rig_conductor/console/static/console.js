@@ -1,9 +1,10 @@
 // rig-conductor console: the few behaviours the server-rendered pages need.
 // - forms and buttons with data-confirm ask before they submit;
 // - "select all" checkboxes; buttons marked data-needs-selection need a selection;
+// - the live part of a page (#live, data-refresh="<seconds>") is fetched again on that period
+//   through htmx, only while the tab is visible, and not while the operator has rows selected
+//   or is typing in it;
 // - the pending/reclaims plot (uPlot), redrawn when htmx swaps in fresh numbers.
-// htmx's polling (hx-trigger="every 5s [document.visibilityState === 'visible']") stops
-// while the tab is hidden.
 (function () {
   "use strict";
 
@@ -66,6 +67,25 @@
     });
   }
 
+  var lastRefresh = Date.now();
+
+  function busy(live) {
+    if (live.querySelector("input[type=checkbox]:checked")) return true;
+    var focused = document.activeElement;
+    return !!focused && live.contains(focused) && /^(INPUT|SELECT|TEXTAREA)$/.test(focused.tagName);
+  }
+
+  function tick() {
+    var live = document.getElementById("live");
+    if (!live || typeof htmx === "undefined" || document.visibilityState !== "visible") return;
+    var period = Number(live.getAttribute("data-refresh") || "0") * 1000;
+    if (!period || Date.now() - lastRefresh < period || busy(live)) return;
+    lastRefresh = Date.now();
+    htmx.ajax("GET", live.getAttribute("data-src"), { target: "#live", swap: "outerHTML" });
+  }
+
+  setInterval(tick, 1000);
+  document.addEventListener("visibilitychange", tick);
   document.addEventListener("DOMContentLoaded", draw);
   document.addEventListener("htmx:afterSwap", draw);
   document.body && document.body.addEventListener("htmx:configRequest", function (event) {
