@@ -17,6 +17,7 @@ CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 CONFIG_ENV = [
     "RIG_HTTP_HOST",
     "RIG_HTTP_PORT",
+    "RIG_HTTP_ROOT_PATH",
     "RIG_DISPATCH_STREAM",
     "RIG_STREAMS",
     "RIG_AGENT_IDS",
@@ -40,7 +41,14 @@ CONFIG_ENV = [
     "RIG_REDIS_SENTINEL_MASTER",
     "RIG_REDIS_WAIT_REPLICAS",
 ]
-SECRET_ENV = ["RIG_DATABASE_URL", "RIG_REDIS_URL", "RIG_API_TOKENS", "RIG_REDIS_SENTINEL_PASSWORD"]
+SECRET_ENV = [
+    "RIG_DATABASE_URL",
+    "RIG_REDIS_URL",
+    "RIG_API_TOKENS",
+    "RIG_OPERATOR_TOKENS",
+    "RIG_VIEWER_TOKENS",
+    "RIG_REDIS_SENTINEL_PASSWORD",
+]
 TLS_ENV = ["RIG_REDIS_TLS_CA_FILE", "RIG_REDIS_TLS_CERT_FILE", "RIG_REDIS_TLS_KEY_FILE"]
 
 errors: list[str] = []
@@ -153,6 +161,8 @@ def cmd_secrets(rendered, mode):
             "RIG_DATABASE_URL": "database-url",
             "RIG_REDIS_URL": "redis-url",
             "RIG_API_TOKENS": "api-tokens",
+            "RIG_OPERATOR_TOKENS": "operator-tokens",
+            "RIG_VIEWER_TOKENS": "viewer-tokens",
             "RIG_REDIS_SENTINEL_PASSWORD": "redis-sentinel-password",
         }
         for env in (dep_env, job_env):

@@ -92,6 +92,7 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
                 "RIG_K8S_LABEL_SELECTOR": "role=agent", "RIG_LOG_FORMAT": "text",
                 "RIG_TENANT": "tenant-x", "RIG_EVENT_RETENTION_DAYS": "45",
+                "RIG_HTTP_ROOT_PATH": "/rig",
             }
         ),
     )  # fmt: skip
@@ -107,6 +108,7 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_REDIS_SENTINEL_MASTER": "mymaster", "RIG_REDIS_WAIT_REPLICAS": "0",
                 "RIG_K8S_NAMESPACE": NAMESPACE, "RIG_EVENT_RETENTION_DAYS": "30",
                 "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false",
+                "RIG_HTTP_ROOT_PATH": "",
             }
         ),
     )  # fmt: skip
@@ -244,3 +246,18 @@ def test_the_audit_cron_job_runs_the_audit_hardened_into_its_volume(render: Rend
     assert (
         container["resources"]["requests"]["memory"] and container["resources"]["limits"]["memory"]
     )
+
+
+def test_the_ingress_serves_api_and_console_under_the_root_path(render: Render) -> None:
+    docs = chartcheck.load(str(render("-f", ALL_FEATURES)))
+    [ingress] = chartcheck.find(docs, "Ingress")
+    [service] = chartcheck.find(docs, "Service")
+    rule = ingress["spec"]["rules"][0]
+    [path] = rule["http"]["paths"]
+    assert (rule["host"], path["path"], path["pathType"]) == ("rig.example.com", "/rig", "Prefix")
+    assert path["backend"]["service"] == {
+        "name": service["metadata"]["name"],
+        "port": {"name": "http"},
+    }
+    assert ingress["spec"]["tls"] == [{"secretName": "rig-tls", "hosts": ["rig.example.com"]}]
+    assert not chartcheck.find(chartcheck.load(str(render(name="no-ingress"))), "Ingress")

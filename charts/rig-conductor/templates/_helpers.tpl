@@ -105,7 +105,7 @@ A comma list from either a string or a list of strings.
 {{- end }}
 
 {{/*
-Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL and RIG_API_TOKENS.
+Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL and the tokens.
 */}}
 {{- define "rig-conductor.secretName" -}}
 {{- if .Values.secrets.existingSecret }}
@@ -129,6 +129,12 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.existingSecretKeys.apiTokens }}
 {{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" $s.existingSecretKeys.apiTokens "optional" true) }}
 {{- end }}
+{{- if $s.existingSecretKeys.operatorTokens }}
+{{- $items = append $items (dict "env" "RIG_OPERATOR_TOKENS" "key" $s.existingSecretKeys.operatorTokens "optional" true) }}
+{{- end }}
+{{- if $s.existingSecretKeys.viewerTokens }}
+{{- $items = append $items (dict "env" "RIG_VIEWER_TOKENS" "key" $s.existingSecretKeys.viewerTokens "optional" true) }}
+{{- end }}
 {{- if $s.existingSecretKeys.redisSentinelPassword }}
 {{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" $s.existingSecretKeys.redisSentinelPassword "optional" true) }}
 {{- end }}
@@ -142,6 +148,12 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.apiTokens }}
 {{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" "RIG_API_TOKENS" "optional" false) }}
 {{- end }}
+{{- if $s.operatorTokens }}
+{{- $items = append $items (dict "env" "RIG_OPERATOR_TOKENS" "key" "RIG_OPERATOR_TOKENS" "optional" false) }}
+{{- end }}
+{{- if $s.viewerTokens }}
+{{- $items = append $items (dict "env" "RIG_VIEWER_TOKENS" "key" "RIG_VIEWER_TOKENS" "optional" false) }}
+{{- end }}
 {{- if $s.redisSentinelPassword }}
 {{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" "RIG_REDIS_SENTINEL_PASSWORD" "optional" false) }}
 {{- end }}
@@ -154,7 +166,7 @@ True when the chart renders its own Secret.
 */}}
 {{- define "rig-conductor.createSecret" -}}
 {{- $s := .Values.secrets }}
-{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.redisSentinelPassword) }}true{{ end }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -171,6 +183,12 @@ RIG_REDIS_URL: {{ $s.redisUrl | b64enc | quote }}
 {{- end }}
 {{- if $s.apiTokens }}
 RIG_API_TOKENS: {{ $s.apiTokens | b64enc | quote }}
+{{- end }}
+{{- if $s.operatorTokens }}
+RIG_OPERATOR_TOKENS: {{ $s.operatorTokens | b64enc | quote }}
+{{- end }}
+{{- if $s.viewerTokens }}
+RIG_VIEWER_TOKENS: {{ $s.viewerTokens | b64enc | quote }}
 {{- end }}
 {{- if $s.redisSentinelPassword }}
 RIG_REDIS_SENTINEL_PASSWORD: {{ $s.redisSentinelPassword | b64enc | quote }}
@@ -232,6 +250,8 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.redisSentinelMaster | quote }}
 - name: RIG_REDIS_WAIT_REPLICAS
   value: {{ $c.redisWaitReplicas | int64 | quote }}
+- name: RIG_HTTP_ROOT_PATH
+  value: {{ $c.httpRootPath | quote }}
 {{- with $root.Values.redisTls }}
 {{- if .secretName }}
 - name: RIG_REDIS_TLS_CA_FILE
