@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--keep-running", action="store_true", help="keep the conductor serving after the story"
     )
+    demo.add_argument(
+        "--watch",
+        action="store_true",
+        help="pace the story for the console: 10 s to open it, slower thresholds, keep serving",
+    )
     demo.set_defaults(command=_demo)
 
     from rig_conductor.agent import cli as agent_cli
@@ -284,7 +289,10 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from rig_conductor import demo
 
     return demo.run(
-        timeout_s=args.timeout, log_format=settings.log_format, keep_running=args.keep_running
+        timeout_s=args.timeout,
+        log_format=settings.log_format,
+        keep_running=args.keep_running,
+        watch=args.watch,
     )
 
 

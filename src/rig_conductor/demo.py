@@ -48,7 +48,16 @@ BLOCK_MS = 250  # short blocking reads: builder-a stops promptly at the end
 STOP_TIMEOUT_S = 10.0
 
 
-def run(*, timeout_s: float, log_format: str, keep_running: bool = False) -> int:
+# --watch: time to open the console before the story starts, and thresholds slow enough to
+# see builder-b's consumers hold their entries, turn down, and lose them to builder-a.
+WATCH_LEAD_S = 10.0
+WATCH_AGENT_DOWN_MS = 10_000
+WATCH_SCAN_INTERVAL_S = 5.0
+
+
+def run(
+    *, timeout_s: float, log_format: str, keep_running: bool = False, watch: bool = False
+) -> int:
     try:
         with embedded_services() as services:
             settings = Settings(
@@ -60,15 +69,16 @@ def run(*, timeout_s: float, log_format: str, keep_running: bool = False) -> int
                 streams=(STREAM,),
                 agent_ids=(LIVE[0], DOOMED_AGENT),
                 entry_stale_ms=2_000,
-                agent_down_ms=3_000,
-                scan_interval_s=1.0,
+                agent_down_ms=WATCH_AGENT_DOWN_MS if watch else 3_000,
+                scan_interval_s=WATCH_SCAN_INTERVAL_S if watch else 1.0,
                 startup_delay_s=0.0,
                 api_tokens=(),
                 k8s_enabled="false",
                 log_format=log_format,
             )
             migrations.upgrade(settings.sqlalchemy_url)
-            return asyncio.run(_run(settings, timeout_s, keep_running))
+            lead_s = WATCH_LEAD_S if watch else 0.0
+            return asyncio.run(_run(settings, timeout_s + lead_s, keep_running or watch, lead_s))
     except EmbeddedUnavailable as exc:
         logger.error("%s", exc)
         return 2
@@ -85,7 +95,7 @@ def _port() -> int:
         return port
 
 
-async def _run(settings: Settings, timeout_s: float, keep_running: bool) -> int:
+async def _run(settings: Settings, timeout_s: float, keep_running: bool, lead_s: float) -> int:
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(settings),
@@ -101,6 +111,10 @@ async def _run(settings: Settings, timeout_s: float, keep_running: bool) -> int:
         await asyncio.sleep(0.05)
     url = f"http://{settings.http_host}:{settings.http_port}"
     logger.info("Conductor serving at %s (try %s/api/streams)", url, url)
+    logger.info("Console: %s/ui (open it to watch the reclaim live)", url)
+    if lead_s:
+        logger.info("The story starts in %.0f s", lead_s)
+        await asyncio.sleep(lead_s)
     agents = AgentSettings(
         redis_url=settings.redis_url,
         conductor_url=url,

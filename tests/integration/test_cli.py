@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -145,3 +146,4 @@ def test_demo_shows_a_reclaim_on_embedded_servers() -> None:
     assert "[StreamReclaim] Reclaimed" in done.stderr
     assert done.stderr.count("[StreamReclaim] Reclaimed") == 4
     assert "Demo done: 6 issues completed, all by builder-a-rig-agent-runtime-0" in done.stderr
+    assert re.search(r"Console: http://127\.0\.0\.1:\d+/ui ", done.stderr)

@@ -1,0 +1,67 @@
+"""`rig-conductor demo --watch` in a browser: the console it prints shows builder-b's consumers
+holding their builds, then the reclaim to builder-a arriving in the reclaim history, live (the
+page is never reloaded)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, expect
+
+from rig_conductor import demo
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def console_url(log: Path, process: subprocess.Popen[bytes], within: float = 90) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        found = re.search(r"Console: (http://\S+/ui) ", log.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        if process.poll() is not None:
+            raise AssertionError(f"demo exited with {process.returncode}: {log.read_text()}")
+        time.sleep(0.2)
+    raise AssertionError("demo printed no console URL")
+
+
+async def test_the_demo_shows_the_reclaim_live_in_the_console(
+    browser: Browser, tmp_path: Path
+) -> None:
+    log = tmp_path / "demo.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    with log.open("wb") as sink:
+        process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
+            [sys.executable, "-m", "rig_conductor", "demo", "--watch", "--timeout", "90"],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = await asyncio.to_thread(console_url, log, process)
+        page = await browser.new_page(viewport={"width": 1400, "height": 900})
+        await page.goto(f"{url}/reclaims")  # no tokens in the demo: no sign-in
+        await expect(page.locator("#reclaims")).to_contain_text("No reclaims")
+        rows = page.locator("#reclaims tbody tr", has_text=demo.DOOMED_AGENT)
+        await expect(rows.first).to_be_visible(timeout=60_000)  # arrives without a reload
+        await expect(rows).to_have_count(len(demo.DOOMED), timeout=15_000)
+        for n in range(len(demo.DOOMED)):
+            await expect(rows.nth(n)).to_contain_text(demo.LIVE[1])
+            await expect(rows.nth(n)).to_contain_text("down")
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.to_thread(process.wait, 30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    output = log.read_text(errors="replace")
+    assert output.count("[StreamReclaim] Reclaimed") == len(demo.DOOMED), output[-3000:]
