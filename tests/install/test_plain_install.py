@@ -150,6 +150,12 @@ def test_serve_gets_ready_and_stops_on_sigterm(venv: Path, env: dict[str, str]) 
             except httpx.TransportError:
                 time.sleep(0.2)
         assert ready, f"not ready: exit {serving.poll()}"
+        # The console ships in the wheel: its templates, its script and the vendored libraries.
+        base = f"http://127.0.0.1:{port}/ui"
+        login = httpx.get(f"{base}/login", follow_redirects=True)
+        assert login.status_code == 200 and "<html" in login.text, login.text[:500]
+        for asset in ("console.js", "console.css", "vendor/htmx-2.0.11.min.js"):
+            assert httpx.get(f"{base}/static/{asset}").status_code == 200, asset
         serving.send_signal(signal.SIGTERM)
         _, stderr = serving.communicate(timeout=60)
         assert serving.returncode == 0, stderr[-3000:]

@@ -374,7 +374,10 @@ async def test_dead_letters_filter_requeue_selected_and_delete_all_that_match(
 
 
 async def test_scan_preview_changes_nothing_then_apply_moves_and_shows_in_the_overview(
-    console: httpx.AsyncClient, redis: Redis
+    console: httpx.AsyncClient,
+    redis: Redis,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     held = await stuck(redis, console, 4)
     csrf = await sign_in(console, OPERATOR)
@@ -382,8 +385,15 @@ async def test_scan_preview_changes_nothing_then_apply_moves_and_shows_in_the_ov
     assert "Preview" in preview.text and 'class="n-reclaimed">4<' in preview.text
     assert "qa-e-0: 4" in preview.text and 'id="apply"' in preview.text
     assert set((await owners(redis, S, G)).values()) == {"dev-e-0"}
+    caplog.set_level(logging.INFO)
     applied = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
     assert "Scan done" in applied.text
+    assert re.search(r"\[Console\] operator:[0-9a-f]{8} ran a scan: 4 reclaimed", caplog.text)
+    async with engine.connect() as conn:
+        [detail] = (
+            await conn.execute(select(events.c.detail).where(events.c.kind == "SCAN_REQUESTED"))
+        ).scalars()
+    assert detail["by"].startswith("operator:") and detail["reclaimed"] == 4
     assert {(await owners(redis, S, G))[e] for e in held} == {"qa-e-0"}
     overview = await console.get("/ui")
     scans = re.search(r'<table class="grid" id="scans">(.*?)</table>', overview.text, re.S)

@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, Response
 from rig_conductor.console import session, web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
-from rig_conductor.operations import deadletters, moves
+from rig_conductor.operations import deadletters, moves, scans
 
 router = APIRouter(include_in_schema=False)
 
@@ -183,10 +183,13 @@ async def scan(
         web.require_change(request, you, csrf)
     elif not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
         raise web.Refused(403, "missing or invalid CSRF token; reload the page")
+    rt = web.runtime(request)
     try:
-        report = await web.runtime(request).scan(not apply)
+        report = await rt.scan(not apply)
     except NotLeading as exc:
         return web.page(request, "error.html", you, status_code=409, message=str(exc))
+    if apply:
+        await scans.record_console_scan(rt, you.caller, report)
     return web.page(request, "scan.html", you, report=report, dry_run=not apply)
 
 

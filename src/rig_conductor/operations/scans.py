@@ -1,0 +1,34 @@
+"""A scan an operator ran from the console: its audit line and event-log row (the scan itself
+logs and records its moves as every scan does)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from rig_conductor import roles
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.runtime import Runtime
+
+logger = logging.getLogger("rig_conductor.console")
+
+
+async def record_console_scan(rt: Runtime, caller: roles.Caller, report: Mapping[str, Any]) -> None:
+    summary = {
+        key: report.get(key)
+        for key in ("pending", "reclaimed", "deadLettered", "noTarget", "durationMs")
+    }
+    await queries.append_events(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        rows=[queries.EventRow("SCAN_REQUESTED", detail=json.dumps({"by": caller.who, **summary}))],
+    )
+    logger.info(
+        "[Console] %s ran a scan: %d reclaimed, %d dead-lettered, %d without a target",
+        caller.who,
+        summary["reclaimed"] or 0,
+        summary["deadLettered"] or 0,
+        summary["noTarget"] or 0,
+    )
