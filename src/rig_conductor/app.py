@@ -15,7 +15,6 @@ from kubernetes.client import ApiClient
 from rig_conductor import __version__, console
 from rig_conductor.adapters import redis_client
 from rig_conductor.adapters.postgres import engine as pg
-from rig_conductor.adapters.postgres import migrations
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.api import errors
 from rig_conductor.api.routes import deadletters, events, health, views
@@ -76,7 +75,7 @@ def create_app(
             heartbeats,
             reaper.scan_now,
             metrics,
-            schema_head=migrations.head_revision(settings.sqlalchemy_url),
+            schema_head=pg.SCHEMA_HEAD,
             topology=topology,
             tokens=tokens,
             pods=pods.tracker.states if pods else None,

@@ -180,38 +180,47 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _reap(args: argparse.Namespace, settings: Settings) -> int:
-    from rig_conductor.reaper import cycle
-
     dry_run = args.dry_run or settings.dry_run
     if dry_run:
         logger.warning("DRY RUN: decisions are logged and counted, nothing in Redis changes")
-    if (problem := _schema_problem(settings)) is not None:
-        logger.error("%s", problem)
-        return EXIT_USAGE
-    if (problem := _redis_access_problem(settings)) is not None:
-        logger.error("%s", problem)
-        return EXIT_USAGE
-    try:
-        report = asyncio.run(_scan(settings, dry_run))
-    except Exception as exc:
-        logger.error("Scan failed: %s", cycle.describe_failure(exc))
-        return EXIT_FAILED
-    print(json.dumps(report.to_json()))
+    report = asyncio.run(_reap_once(settings, dry_run))
+    if isinstance(report, int):
+        return report
+    sys.stdout.write(report.model_dump_json(by_alias=True) + "\n")
     return EXIT_OK
 
 
-async def _scan(settings: Settings, dry_run: bool) -> ScanReport:
-    from rig_conductor.adapters import redis_client
+async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
+    """The schema check, the permission probe and the scan on one event loop, one Redis client
+    and one engine: the command's start-up is part of every scan an operator runs by hand."""
+    from rig_conductor.adapters import redis_access, redis_client
     from rig_conductor.adapters.postgres import engine as pg
     from rig_conductor.reaper import cycle
 
     redis = redis_client.connect(settings)
-    topology = redis_client.Topology(redis, settings)
     engine = pg.create_engine(settings.sqlalchemy_url, pool_size=2)
+    topology = redis_client.Topology(redis, settings)
     try:
-        return await cycle.reap_once(
-            redis=topology, engine=engine, settings=settings, dry_run=dry_run
-        )
+        if (problem := await pg.schema_problem(engine)) is not None:
+            logger.error("%s", problem)
+            return EXIT_USAGE
+        try:
+            missing = await redis_access.missing_permission(
+                redis, role="conductor", streams=[settings.dispatch_stream, *settings.streams]
+            )
+        except Exception as exc:
+            logger.warning("Redis permissions not checked: %s", redis_access.describe_failure(exc))
+            missing = None
+        if missing is not None:
+            logger.error("%s", missing)
+            return EXIT_USAGE
+        try:
+            return await cycle.reap_once(
+                redis=topology, engine=engine, settings=settings, dry_run=dry_run
+            )
+        except Exception as exc:
+            logger.error("Scan failed: %s", cycle.describe_failure(exc))
+            return EXIT_FAILED
     finally:
         await topology.aclose()
         await redis.aclose()
@@ -270,19 +279,19 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 def _schema_problem(settings: Settings) -> str | None:
     """None when PostgreSQL answers and its schema is at head; else what is wrong, in one line."""
-    from rig_conductor.adapters.postgres import migrations
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.pool import NullPool
 
-    try:
-        current = migrations.current_revision(settings.sqlalchemy_url)
-    except Exception as exc:
-        return f"PostgreSQL unreachable: {_first_line(exc)}"
-    head = migrations.head_revision(settings.sqlalchemy_url)
-    if current != head:
-        return (
-            f"Database schema is at revision {current or 'none'}, this release needs {head}: "
-            "run `rig-conductor migrate`"
-        )
-    return None
+    from rig_conductor.adapters.postgres import engine as pg
+
+    async def check() -> str | None:
+        engine = create_async_engine(settings.sqlalchemy_url, poolclass=NullPool)
+        try:
+            return await pg.schema_problem(engine)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(check())
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:

@@ -18,6 +18,9 @@ AgentId = NewType("AgentId", str)
 EntryId = NewType("EntryId", str)
 PodName = NewType("PodName", str)
 
+# The agent of a consumer that resolves to no known agent, where one must be named (labels).
+UNKNOWN_AGENT = "unknown"
+
 
 class PodState(enum.Enum):
     """What Kubernetes says about the pod a consumer is named after."""

@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-UNKNOWN_AGENT = "unknown"
+from rig_conductor.domain import UNKNOWN_AGENT
+
+__all__ = ["UNKNOWN_AGENT", "Metrics"]
 # Scans run from milliseconds (a quiet fleet) to about a minute (a million-entry reclaim).
 SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 

@@ -15,11 +15,12 @@ from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis_client import AnyRedis, Topology
 from rig_conductor.domain import ConsumerName, PodState
 from rig_conductor.metrics import Metrics
+from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
-# Runs one scan now (after any scan in progress) and returns its report as JSON; raises
+# Runs one scan now (after any scan in progress) and returns its report; raises
 # `domain.NotLeading` for a non-dry scan on a replica that is not the active reaper.
-ScanNow = Callable[[bool | None], Awaitable[dict[str, Any]]]
+ScanNow = Callable[[bool | None], Awaitable[ScanReport]]
 
 
 @dataclass

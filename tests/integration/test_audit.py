@@ -274,7 +274,7 @@ async def build(world: World, make_settings: Callable[..., Settings]) -> dict[st
         max_deliveries=3,
     )
     scan = await cycle.reap_once(redis=redis, engine=world.engine, settings=reaper)
-    assert (scan.reclaimed, scan.dead_lettered) == (3, 1), scan.to_json()
+    assert (scan.reclaimed, scan.dead_lettered) == (3, 1), scan.model_dump(by_alias=True)
     owners = await redis.xpending_range(S, G, min="-", max="+", count=100)
     target = next(r["consumer"] for r in owners if r["message_id"] == world.entries["rc-12"][1])
     assert target in ("dev-e-0", "qa-e-0")

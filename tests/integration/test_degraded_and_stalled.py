@@ -112,7 +112,7 @@ async def test_a_degraded_owner_loses_its_entries_to_healthy_consumers(
     await beat(engine, ("review-e-codex", CODEX, True))  # still degraded, still alive
     await redis.xclaim(S, G, CODEX, 0, ids, justid=True)  # and retrying: idle back to zero
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
-    assert report.reclaimed == 6 and report.by_reason == {"degraded": 6}
+    assert report.reclaimed == 6 and report.reclaimed_by_reason == {"degraded": 6}
     assert sorted((await owners(redis, S, G)).values()) == [CLAUDE] * 3 + ["review-e-1"] * 3
     async with engine.connect() as conn:
         rows = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).all()
@@ -166,7 +166,7 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
     await redis.xclaim(S, G, CLAUDE, 0, [ids[2]], justid=True)
     await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
-    assert report.by_reason == {"stalled": 1}
+    assert report.reclaimed_by_reason == {"stalled": 1}
     assert await owners(redis, S, G) == {ids[0]: "review-e-1", ids[1]: CLAUDE, ids[2]: CLAUDE}
     for kind in ("WORK_PROGRESS", "WORK_COMPLETED"):
         fenced = work.WorkReport(kind, "review-e", S, ids[0], CLAUDE, attempt=hung.attempt)

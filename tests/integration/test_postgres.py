@@ -7,6 +7,7 @@ import json
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import migrations, queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
@@ -87,3 +88,27 @@ async def test_migrate_is_idempotent(database_url: str, engine: AsyncEngine) -> 
     async with engine.connect() as conn:
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
     assert version == migrations.head_revision(database_url)
+    assert await pg_engine.schema_problem(engine) is None
+
+
+def test_the_schema_check_knows_the_newest_migration(database_url: str) -> None:
+    """Commands check the schema against `SCHEMA_HEAD` without loading alembic: a migration
+    added without moving it would make them refuse a database migrated to head."""
+    assert migrations.head_revision(database_url) == pg_engine.SCHEMA_HEAD
+
+
+async def test_the_schema_check_names_a_database_behind(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE alembic_version SET version_num = '0001'"))
+    try:
+        problem = await pg_engine.schema_problem(engine)
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE alembic_version SET version_num = :head"),
+                {"head": pg_engine.SCHEMA_HEAD},
+            )
+    assert problem == (
+        f"Database schema is at revision 0001, this release needs {pg_engine.SCHEMA_HEAD}: "
+        "run `rig-conductor migrate`"
+    )

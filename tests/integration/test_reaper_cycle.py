@@ -276,7 +276,7 @@ async def test_postgres_down_fails_the_scan_and_the_next_one_runs(
 
 
 def test_report_json_has_the_contract_keys() -> None:
-    keys: dict[str, Any] = cycle.ScanReport(dry_run=False).to_json()
+    keys: dict[str, Any] = cycle.ScanReport(dry_run=False).model_dump(by_alias=True)
     assert {
         "streams",
         "groups",

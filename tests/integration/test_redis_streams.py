@@ -109,19 +109,19 @@ async def _pending(redis: Redis, consumer: str, min_idle: int = 0) -> list[Pendi
 
 
 async def _sweep(redis: Redis, target: str, owner: str) -> list[str]:
-    """Everything `owner` holds, sorted page by page and claimed to `target`; the ids moved."""
-    rule = redis_sweep.SweepRule(ConsumerName(owner), min_idle_ms=0, max_deliveries=10)
+    """Everything `owner` holds, read page by page and claimed to `target`; the ids moved."""
     moved: list[str] = []
-    start: str | None = "-"
-    while start is not None:
-        pages = await redis_sweep.sweep_pages(
-            redis, stream=S, group=G, pages={rule.owner: (rule, start)}
+    request: redis_sweep.PageRequest | None = redis_sweep.PageRequest(0, "-")
+    while request is not None:
+        pages = await redis_sweep.read_pages(
+            redis, stream=S, group=G, pages={ConsumerName(owner): request}
         )
-        page = pages[rule.owner]
-        batch = redis_sweep.ClaimBatch(ConsumerName(target), page.least_idle_ms, page.movable)
+        page = pages[ConsumerName(owner)]
+        least = min((e.idle_ms for e in page.entries), default=0)
+        batch = redis_sweep.ClaimBatch(ConsumerName(target), least, [e.id for e in page.entries])
         [claimed] = await redis_sweep.claim(redis, stream=S, group=G, batches=[batch])
         moved += claimed
-        start = page.next_start
+        request = None if page.next_start is None else redis_sweep.PageRequest(0, page.next_start)
     return moved
 
 

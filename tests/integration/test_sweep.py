@@ -1,11 +1,14 @@
-"""The scan's group sweep (rules applied in Redis page by page, spread, claimed) does exactly what
-the policy's reference `plan_reclaims` does, on random pending lists, on every Redis at hand."""
+"""The scan's group sweep (pages read, planned by the policy a chunk at a time with two chunks in
+flight, claimed) ends where the policy's plan of the whole lists at once does, on random pending
+lists, on every Redis at hand."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from collections import Counter
+
+import pytest
 from datetime import UTC, datetime, timedelta
 
 from redis.asyncio import Redis
@@ -30,7 +33,11 @@ from .helpers import fill, owners, read, register
 S, G = StreamKey("rig:dispatch"), GroupName("workers")
 
 
-async def test_sweep_matches_the_reference_rule(any_redis: Redis) -> None:
+@pytest.mark.parametrize("chunk", [moves.CHUNK, 7], ids=["one-chunk", "chunk-per-owner"])
+async def test_sweep_matches_the_plan_of_whole_lists(
+    any_redis: Redis, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(moves, "CHUNK", chunk)
     rng = random.Random(20261121)
     for round_ in range(6):
         await any_redis.flushdb()

@@ -14,7 +14,7 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters import redis_keys, redis_sweep
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered, redis_client_retry
 from rig_conductor.domain import (
     ConsumerInfo,
@@ -324,39 +324,21 @@ async def pending_entries(
     """The whole pending list of each named consumer, idle at least its `min_idle_ms`.
 
     Pages with exclusive ranges (`(last-id`) so there is no 100-entry cap; every consumer's
-    next page goes out in the same round trip.
+    next page goes out in the same round trip (`redis_sweep.read_pages`).
     """
     entries: list[PendingEntry] = []
-    cursors: dict[ConsumerName, str] = dict.fromkeys(min_idle_ms, "-")
-    while cursors:
-        async with client.pipeline(transaction=False) as pipe:
-            for consumer, start in cursors.items():
-                pipe.xpending_range(
-                    stream,
-                    group,
-                    min=start,
-                    max="+",
-                    count=page_size,
-                    consumername=consumer,
-                    idle=min_idle_ms[consumer],
-                )
-            pages = await pipe.execute(raise_on_error=False)
-        next_cursors: dict[ConsumerName, str] = {}
-        for consumer, page in zip(cursors, pages, strict=True):
-            if isinstance(page, ResponseError):
-                logger.info(
-                    "Pending list of %s in %s/%s skipped: %s", consumer, stream, group, page
-                )
-                continue
-            entries.extend(
-                PendingEntry(
-                    row["message_id"], consumer, row["time_since_delivered"], row["times_delivered"]
-                )
-                for row in page
-            )
-            if len(page) == page_size:
-                next_cursors[consumer] = "(" + page[-1]["message_id"]
-        cursors = next_cursors
+    requests = {c: redis_sweep.PageRequest(idle, "-") for c, idle in min_idle_ms.items()}
+    while requests:
+        pages = await redis_sweep.read_pages(
+            client, stream=stream, group=group, pages=requests, count=page_size
+        )
+        for page in pages.values():
+            entries.extend(page.entries)
+        requests = {
+            c: redis_sweep.PageRequest(requests[c].min_idle_ms, page.next_start)
+            for c, page in pages.items()
+            if page.next_start is not None
+        }
     return entries
 
 

@@ -1,15 +1,15 @@
-"""The reaper's moves in Redis: sort a page of an owner's pending list by its rule, server-side,
-then claim stretches of it for targets with guarded XCLAIMs.
+"""The reaper's moves in Redis: read pages of owners' pending lists, claim stretches of them
+for targets with guarded XCLAIMs.
 
 Thin: parameters in, domain objects out. Which entries qualify and where they go are
-`policy.reclaim`'s decisions, stated here as a rule's parameters and as claim batches.
+`policy.reclaim`'s decisions; the only filter applied here is the idle time a page is read
+with (XPENDING IDLE), below which no entry of that owner can qualify.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from redis.asyncio import Redis
@@ -19,110 +19,63 @@ from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry,
 
 logger = logging.getLogger(__name__)
 
-
-# One page of an owner's entry rule, applied where the pending list lives: read the page with
-# XPENDING IDLE and sort it into entries to move and entries worn out (for the dead-letter path)
-# without shipping the rest out. The moves themselves are XCLAIMs with the least idle time seen
-# here as min-idle (`claim`), so an entry touched in between stays where it is.
-# KEYS: stream. ARGV: group, owner, min-idle, max-deliveries, start ('-' or '(<id>'), count,
-#       then three id sets, each as its size and its ids: worn (recorded attempts), keep (never
-#       qualify), due (qualify at any idle time). With due ids the page is read at any idle.
-# Returns {movable ids, least idle among them, {id, idle, deliveries, ...} worn, last id read,
-#          rows read}.
-_SWEEP_LUA = """
-local at, sets = 7, {}
-for s = 1, 3 do
-  local set, n = {}, tonumber(ARGV[at])
-  for i = at + 1, at + n do set[ARGV[i]] = true end
-  sets[s] = set
-  at = at + n + 1
-end
-local worn, keep, due = sets[1], sets[2], sets[3]
-local min_idle, max_deliveries = tonumber(ARGV[3]), tonumber(ARGV[4])
-local filter = min_idle
-if next(due) ~= nil then filter = 0 end
-local rows = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', filter,
-                        ARGV[5], '+', tonumber(ARGV[6]), ARGV[2])
-local movable, dead, least = {}, {}, nil
-for _, row in ipairs(rows) do
-  local id, idle = row[1], row[3]
-  if due[id] or (idle >= min_idle and not keep[id]) then
-    if row[4] >= max_deliveries or worn[id] then
-      table.insert(dead, id); table.insert(dead, idle); table.insert(dead, row[4])
-    else
-      table.insert(movable, id)
-      if least == nil or idle < least then least = idle end
-    end
-  end
-end
-local last = ''
-if #rows > 0 then last = rows[#rows][1] end
-return {movable, least or 0, dead, last, #rows}
-"""
-SWEEP_PAGE = 1_000  # entries per script call: about a millisecond of Redis time
+PAGE = 1_000  # entries per owner and read: about a millisecond of Redis time
 
 
-@dataclass(frozen=True, slots=True)
-class SweepRule:
-    """Which entries of `owner` qualify and which of those are worn out (`OwnerRule`'s terms)."""
+class PageRequest(NamedTuple):
+    """The next page of one owner's pending list: entries idle at least `min_idle_ms`, from
+    `start` (`-`, or `(<id>` for after that id)."""
 
-    owner: ConsumerName
     min_idle_ms: int
-    max_deliveries: int
-    worn: Collection[str] = ()
-    keep: Collection[str] = ()
-    due: Collection[str] = ()
-
-    def args(self, start: str, count: int) -> list[str | int]:
-        args: list[str | int] = [self.owner, self.min_idle_ms, self.max_deliveries, start, count]
-        for ids in (self.worn, self.keep, self.due):
-            args += [len(ids), *ids]
-        return args
+    start: str
 
 
-@dataclass(frozen=True, slots=True)
-class SweptPage:
-    """One page of an owner's pending list, sorted by its rule."""
-
-    movable: list[EntryId]
-    least_idle_ms: int
-    worn: list[PendingEntry]
+class Page(NamedTuple):
+    entries: list[PendingEntry]
     next_start: str | None  # where the next page starts; None at the end of the list
 
 
-async def sweep_pages(
+async def read_pages(
     client: Redis,
     *,
     stream: StreamKey,
     group: GroupName,
-    pages: Mapping[ConsumerName, tuple[SweepRule, str]],
-    page_size: int = SWEEP_PAGE,
-) -> dict[ConsumerName, SweptPage]:
-    """Sort the next page of each owner's pending list (rule, start) in one round trip.
+    pages: Mapping[ConsumerName, PageRequest],
+    count: int = PAGE,
+) -> dict[ConsumerName, Page]:
+    """The next page of each owner's pending list, in one round trip (XPENDING ... IDLE).
 
     An owner whose page Redis refused (the group or stream is gone) is logged and left out.
     """
-    script = client.register_script(_SWEEP_LUA)
     async with client.pipeline(transaction=False) as pipe:
-        for rule, start in pages.values():
-            await script(keys=[stream], args=[group, *rule.args(start, page_size)], client=pipe)
+        for owner, request in pages.items():
+            pipe.xpending_range(
+                stream,
+                group,
+                min=request.start,
+                max="+",
+                count=count,
+                consumername=owner,
+                idle=request.min_idle_ms,
+            )
         replies = await pipe.execute(raise_on_error=False)
-    sorted_pages: dict[ConsumerName, SweptPage] = {}
+    read: dict[ConsumerName, Page] = {}
     for owner, reply in zip(pages, replies, strict=True):
         if isinstance(reply, ResponseError):
             logger.info("Pending list of %s in %s/%s skipped: %s", owner, stream, group, reply)
             continue
-        movable, least, worn, last, read = reply
-        sorted_pages[owner] = SweptPage(
-            movable,
-            int(least),
-            [
-                PendingEntry(EntryId(worn[i]), owner, int(worn[i + 1]), int(worn[i + 2]))
-                for i in range(0, len(worn), 3)
-            ],
-            "(" + last if read == page_size else None,
-        )
-    return sorted_pages
+        entries = [
+            PendingEntry(
+                EntryId(row["message_id"]),
+                owner,
+                row["time_since_delivered"],
+                row["times_delivered"],
+            )
+            for row in reply
+        ]
+        last = entries[-1].id if len(entries) == count else None
+        read[owner] = Page(entries, None if last is None else "(" + last)
+    return read
 
 
 class ClaimBatch(NamedTuple):

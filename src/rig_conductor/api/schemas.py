@@ -129,20 +129,6 @@ class GroupView(Wire):
     consumers: list[ConsumerView]
 
 
-class ScanReportView(Wire):
-    """The scan report; `groupsDetail` lists the groups where the scan acted."""
-
-    model_config = ConfigDict(extra="allow")
-    streams: int
-    groups: int
-    pending: int
-    reclaimed: int
-    dead_lettered: int
-    no_target: int
-    dry_run: bool
-    duration_ms: int
-
-
 class DeadLetterView(Wire):
     stream: str
     dlq_id: str

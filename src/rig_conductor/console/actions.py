@@ -185,7 +185,7 @@ async def scan(
         raise web.Refused(403, "missing or invalid CSRF token; reload the page")
     rt = web.runtime(request)
     try:
-        report = await rt.scan(not apply)
+        report = (await rt.scan(not apply)).model_dump(by_alias=True)
     except NotLeading as exc:
         return web.page(request, "error.html", you, status_code=409, message=str(exc))
     if apply:

@@ -4,14 +4,13 @@ Pure: stdlib and domain only. Three parts:
 1. `assess_group` judges every consumer that holds entries, from XINFO and the fleet's evidence
    alone: down (rule 3), degraded-stale (3b), or alive with entries that may have stalled (4b).
    Each owner it acts on gets an `OwnerRule`; every eligible target is ranked (rule 5).
-2. `OwnerRule.decide` sorts one pending entry: move, dead-letter or leave (rules 4, 4b, 7). It is
-   small enough to state as parameters, so the Redis adapter applies it server-side to a whole
-   pending list without shipping every entry out and back.
+2. `OwnerRule.decide` sorts one pending entry: move, dead-letter or leave (rules 4, 4b, 7).
 3. `Spread` water-fills the entries to move across the targets by their pending counts,
    counting what the scan already gave each (rule 5): spread, do not pile.
 
-`plan_reclaims` applies all three to a list of entries here, entry by entry: it is the rule's
-reference, and the adapter-driven scan is tested against it.
+`plan_reclaims` applies all three to pending entries and cuts the moves into claims: the
+reaper calls it on each page of the owners' pending lists it reads, with one `Spread` for the
+whole scan of the group, and the tests call it on whole lists.
 """
 
 from __future__ import annotations
@@ -71,6 +70,12 @@ class OwnerRule:
         if self.deliveries(entry) >= self.max_deliveries:
             return "dead"
         return "move"
+
+    @property
+    def read_idle_ms(self) -> int:
+        """The least idle time an entry of this owner needs to qualify at all: the filter its
+        pending list is read with (every entry when some are due whatever their idle time)."""
+        return 0 if self.due else self.min_idle_ms
 
     def deliveries(self, entry: PendingEntry) -> int:
         """The truer of the two counts: Redis deliveries and recorded attempts."""
@@ -302,49 +307,81 @@ class Move(NamedTuple):
     reason: Reason
 
 
+class Claim(NamedTuple):
+    """A stretch of one owner's entries for one target: one guarded XCLAIM. The guard is the
+    least idle time seen among them, so an entry touched since it was read stays put."""
+
+    owner: ConsumerName
+    target: ConsumerName
+    entries: Sequence[PendingEntry]
+
+    @property
+    def min_idle_ms(self) -> int:
+        return min(entry.idle_ms for entry in self.entries)
+
+
 @dataclass(frozen=True, slots=True)
 class ReclaimPlan:
-    """What to do with the entries of one group."""
+    """What to do with some pending entries of one group."""
 
     assessment: GroupAssessment
-    moves: tuple[Move, ...]
+    claims: tuple[Claim, ...]
+    # Worn out (rule 7), each with the count that decided it: the larger of deliveries and
+    # recorded attempts.
     dead_letters: tuple[PendingEntry, ...]
+    # Qualifying, but no target could take them: left in place.
     no_target: tuple[PendingEntry, ...]
 
     @property
+    def moves(self) -> tuple[Move, ...]:
+        """The claims entry by entry, in order."""
+        return tuple(
+            Move(entry, claim.target, self.assessment.rules[claim.owner].reason)
+            for claim in self.claims
+            for entry in claim.entries
+        )
+
+    @property
     def empty(self) -> bool:
-        return not (self.moves or self.dead_letters or self.no_target)
+        return not (self.claims or self.dead_letters or self.no_target)
 
 
-def plan_reclaims(assessment: GroupAssessment, entries: Iterable[PendingEntry]) -> ReclaimPlan:
-    """Apply the group's owner rules and the spread to `entries` as one lot per pool of
-    targets, owners in rule order.
+def plan_reclaims(
+    assessment: GroupAssessment,
+    entries: Iterable[PendingEntry],
+    *,
+    spread: Spread | None = None,
+) -> ReclaimPlan:
+    """Apply the group's owner rules to `entries` and spread what moves over the targets, one
+    lot per pool of targets, owners in rule order; the moves come as claims.
 
-    Entries of owners without a rule are left alone. Dead letters carry the count that decided
-    it (the larger of deliveries and recorded attempts).
+    `spread`: the group's spread so far in this scan (what earlier pages already gave each
+    target counts); a fresh one when None. Entries of owners without a rule are left alone.
     """
-    by_owner: dict[ConsumerName, list[PendingEntry]] = {}
+    rules = assessment.rules
+    by_owner: dict[ConsumerName, list[PendingEntry]] = {owner: [] for owner in rules}
     for entry in entries:
-        if entry.consumer in assessment.rules:
-            by_owner.setdefault(entry.consumer, []).append(entry)
-    spread = assessment.spread()
+        found = by_owner.get(entry.consumer)
+        if found is not None:
+            found.append(entry)
+    spread = spread if spread is not None else assessment.spread()
     dead: list[PendingEntry] = []
     pools: dict[PoolKey, list[tuple[ConsumerName, list[PendingEntry]]]] = {}
-    for owner, rule in assessment.rules.items():
-        movable = [e for e in by_owner.get(owner, ()) if rule.decide(e) == "move"]
-        dead += [
-            e._replace(deliveries=rule.deliveries(e))
-            for e in by_owner.get(owner, ())
-            if rule.decide(e) == "dead"
-        ]
+    for owner, rule in rules.items():
+        movable: list[PendingEntry] = []
+        for entry in by_owner[owner]:
+            verdict = rule.decide(entry)
+            if verdict == "move":
+                movable.append(entry)
+            elif verdict == "dead":
+                dead.append(entry._replace(deliveries=rule.deliveries(entry)))
         if movable:
             pools.setdefault(spread.pool_key(rule), []).append((owner, movable))
-    moves: list[Move] = []
+    claims: list[Claim] = []
     stuck: list[PendingEntry] = []
     for key, runs in pools.items():
         stretches = spread.assign(key, runs)
-        for owner, target, items in stretches:
-            moves.extend(Move(e, target, assessment.rules[owner].reason) for e in items)
+        claims.extend(Claim(owner, target, items) for owner, target, items in stretches)
         if not stretches:
             stuck.extend(e for _, items in runs for e in items)
-    return ReclaimPlan(assessment, tuple(moves), tuple(dead), tuple(stuck))
+    return ReclaimPlan(assessment, tuple(claims), tuple(dead), tuple(stuck))

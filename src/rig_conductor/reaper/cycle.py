@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -24,6 +25,7 @@ from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.adapters.redis_client import Topology, node_for
 from rig_conductor.domain import (
+    UNKNOWN_AGENT,
     ConsumerName,
     Evidence,
     GroupInfo,
@@ -31,11 +33,13 @@ from rig_conductor.domain import (
     PendingEntry,
     PodState,
 )
-from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
 from rig_conductor.policy import liveness, reclaim
 from rig_conductor.reaper import cleanup, journal, moves, observe, redispatch
-from rig_conductor.reaper.report import GroupOutcome, ScanReport
+from rig_conductor.scan_report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
+
+if TYPE_CHECKING:
+    from rig_conductor.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -76,24 +80,28 @@ async def reap_once(
     limits = settings.limits
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
     topology = redis if isinstance(redis, Topology) else Topology(redis)
-    report.redispatched = await redispatch.redispatch_lost(
-        topology, engine=engine, settings=settings, dry_run=report.dry_run
-    )
+    with report.timing("redispatch"):
+        report.redispatched = await redispatch.redispatch_lost(
+            topology, engine=engine, settings=settings, dry_run=report.dry_run
+        )
     # Fetch.
-    world = await reading.read(topology, settings.streams)
+    with report.timing("read"):
+        world = await reading.read(topology, settings.streams)
     groups = world.groups
     if probe is not None:
-        pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
-    evidence = await queries.load_evidence(
-        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
-    )
-    work_evidence = await work.load_work_evidence(
-        engine,
-        tenant=settings.tenant,
-        streams=world.streams,
-        worn_at=limits.max_deliveries,
-        deadline_ms=limits.entry_deadline_ms,
-    )
+        with report.timing("pods"):
+            pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
+    with report.timing("evidence"):
+        evidence = await queries.load_evidence(
+            engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
+        )
+        work_evidence = await work.load_work_evidence(
+            engine,
+            tenant=settings.tenant,
+            streams=world.streams,
+            worn_at=limits.max_deliveries,
+            deadline_ms=limits.entry_deadline_ms,
+        )
     fleet = liveness.Fleet(evidence, limits)
     report.streams = len(world.streams)
     scan = _Scan(report, fleet, work_evidence, topology, engine, settings, metrics)
@@ -114,17 +122,19 @@ async def reap_once(
     # Report.
     if not report.dry_run:
         # Gauges, the detector and the clean-up describe what is left after the moves.
-        groups = _after_moves(groups, report.per_group)
+        groups = _after_moves(groups, report.groups_detail)
     if hygiene and pods and not report.dry_run:
-        await _remove_consumers(world, groups, evidence, limits)
-    report.without_heartbeat = await observe.observe(
-        groups=groups,
-        fleet=fleet,
-        engine=engine,
-        tenant=settings.tenant,
-        metrics=metrics,
-        watch=detector,
-    )
+        with report.timing("cleanup"):
+            await _remove_consumers(world, groups, evidence, limits)
+    with report.timing("observe"):
+        report.consumers_without_heartbeat = await observe.observe(
+            groups=groups,
+            fleet=fleet,
+            engine=engine,
+            tenant=settings.tenant,
+            metrics=metrics,
+            watch=detector,
+        )
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     if not isinstance(redis, Topology):
         await topology.aclose()
@@ -193,7 +203,7 @@ class _Scan:
             redis=client,
             engine=self.engine,
             tenant=self.settings.tenant,
-            dry_run=self.report.dry_run,
+            report=self.report,
             metrics=self.metrics,
         )
 
@@ -247,28 +257,38 @@ async def _apply(
     redis: Redis,
     engine: AsyncEngine,
     tenant: str,
-    dry_run: bool,
+    report: ScanReport,
     metrics: Metrics | None,
 ) -> GroupOutcome:
-    swept = await moves.sweep_group(redis, assessment, dry_run=dry_run)
-    outcome = _outcome(assessment, swept)
-    journal.log_held(assessment)
-    journal.log_no_target(assessment, swept.no_target)
-    if dry_run:
+    if report.dry_run:
+        swept = await moves.sweep_group(redis, assessment, dry_run=True, timing=report.timing)
+        outcome = _outcome(assessment, swept)
+        journal.log_held(assessment)
+        journal.log_no_target(assessment, swept.no_target)
         outcome.dead_lettered = len(swept.worn)
         journal.log_dry_run(assessment, swept)
         return outcome
-    rows: list[queries.EventRow] = []
-    dead: list[redis_streams.DeadLettered] = []
+    # The moves are logged and recorded as they happen, and recorded even when the sweep
+    # fails half-way: what moved must be in the event log.
+    recorder = journal.Recorder(assessment, engine=engine, tenant=tenant, timing=report.timing)
+    try:
+        swept = await moves.sweep_group(
+            redis, assessment, dry_run=False, timing=report.timing, on_moved=recorder.moved
+        )
+    finally:
+        await recorder.close()
+    outcome = _outcome(assessment, swept)
+    journal.log_held(assessment)
+    journal.log_no_target(assessment, swept.no_target)
     if swept.worn:
-        dead = await _dead_letter(assessment, swept.worn, redis=redis)
-        outcome.dead_lettered = len(dead)
-        owners = {entry.id: entry.consumer for entry in swept.worn}
-        for item in dead:
-            outcome.changes[owners[item.entry_id]] -= 1
-        outcome.skipped += len(swept.worn) - len(dead)
-        dlq_stream = redis_streams.dlq_key(assessment.stream, redis)
-        rows += journal.dead_letter_rows(assessment, swept.worn, dead, dlq_stream)
+        with report.timing("deadLetter"):
+            dead = await _dead_letter(assessment, swept.worn, redis=redis)
+            outcome.dead_lettered = len(dead)
+            owners = {entry.id: entry.consumer for entry in swept.worn}
+            for item in dead:
+                outcome.changes[owners[item.entry_id]] -= 1
+            outcome.skipped += len(swept.worn) - len(dead)
+            await _record_dead_letters(assessment, swept.worn, dead, redis, engine, tenant)
     if swept.skipped:
         logger.info(
             "[StreamReclaim] Left %d entries on %s/%s: trimmed from the stream or touched since "
@@ -277,9 +297,6 @@ async def _apply(
             assessment.stream,
             assessment.group,
         )
-    journal.log_moves(assessment, swept)
-    rows += journal.reclaim_rows(assessment, swept)
-    await _record(assessment, swept, dead, rows, engine=engine, tenant=tenant)
     if metrics is not None:
         _count(assessment, swept, outcome, metrics)
     return outcome
@@ -309,10 +326,12 @@ def _count(
 
 
 def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> GroupOutcome:
-    outcome = GroupOutcome(assessment.stream, assessment.group)
+    outcome = GroupOutcome(stream=assessment.stream, group=assessment.group)
+    by_reason = outcome.reclaimed_by_reason
     for (owner, target), ids in swept.moved.items():
+        reason = assessment.rules[owner].reason
         outcome.targets[target] = outcome.targets.get(target, 0) + len(ids)
-        outcome.by_reason[assessment.rules[owner].reason] += len(ids)
+        by_reason[reason] = by_reason.get(reason, 0) + len(ids)
         outcome.changes[owner] -= len(ids)
         outcome.changes[target] += len(ids)
     outcome.reclaimed = swept.reclaimed
@@ -348,25 +367,18 @@ async def _dead_letter(
     return done
 
 
-async def _record(
+async def _record_dead_letters(
     assessment: reclaim.GroupAssessment,
-    swept: moves.GroupSweep,
+    worn: list[PendingEntry],
     dead: list[redis_streams.DeadLettered],
-    rows: list[queries.EventRow],
-    *,
+    redis: Redis,
     engine: AsyncEngine,
     tenant: str,
 ) -> None:
-    """The event log, and the assignment rows: moved entries get a new attempt (fencing the old
-    owner off), dead letters are marked dead."""
+    """A DEAD_LETTERED row per dead letter, and its assignment marked dead."""
+    dlq_stream = redis_streams.dlq_key(assessment.stream, redis)
+    rows = journal.dead_letter_rows(assessment, worn, dead, dlq_stream)
     await queries.append_events(engine, tenant=tenant, rows=rows)
-    by_target: dict[ConsumerName, list[str]] = {}
-    for (_, target), ids in swept.moved.items():
-        by_target.setdefault(target, []).extend(ids)
-    for target, moved in by_target.items():
-        await work.reclaimed(
-            engine, tenant=tenant, stream=assessment.stream, consumer=target, entry_ids=moved
-        )
     entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
     await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=entries)
 

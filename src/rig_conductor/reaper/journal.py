@@ -1,19 +1,23 @@
 """What a scan writes about its moves: the `[StreamReclaim]` log lines and the event-log rows.
 
 One INFO line per moved or dead-lettered entry (contract, reaper step 8), written a page at a
-time; one RECLAIMED row per batch of moved entries, one DEAD_LETTERED row per dead letter.
+time; one RECLAIMED row per page of moved entries, one DEAD_LETTERED row per dead letter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping
+from typing import NamedTuple
+
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams, redis_sweep
-from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import ConsumerName, PendingEntry
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.domain import AgentId, ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
 from rig_conductor.reaper import moves
 
@@ -21,67 +25,141 @@ from rig_conductor.reaper import moves
 logger = logging.getLogger("rig_conductor.reaper.cycle")
 
 DEAD_LETTER_REASON = "max-deliveries"
+LOG_PAGE = 1_000  # moved entries per log record and per RECLAIMED row
+RECORD_BATCH = 50_000  # moved entries per write to PostgreSQL while a sweep goes on
 
 
-def log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
-    """One INFO line per moved entry, written a page at a time (`logs.log_lines`)."""
+class Recorder:
+    """Logs and records a group's moves as they happen: one INFO line per moved entry (written
+    a page at a time, `logs.log_lines`), one RECLAIMED row per page of a stretch, and the new
+    attempt of each moved entry (fencing the old owner off).
+
+    PostgreSQL is written while the sweep goes on, `RECORD_BATCH` moved entries a write (one
+    COPY and one UPDATE per target), one write at a time, so the event log keeps pace with Redis
+    without a transaction per stretch. `close` writes the rest and raises what a write raised.
+    """
+
+    def __init__(
+        self,
+        assessment: reclaim.GroupAssessment,
+        *,
+        engine: AsyncEngine,
+        tenant: str,
+        timing: moves.Timing,
+    ) -> None:
+        self._assessment = assessment
+        self._agents = {t.consumer: t.agent for t in assessment.targets}
+        self._engine = engine
+        self._tenant = tenant
+        self._timing = timing
+        self._waiting: list[_Moved] = []
+        self._count = 0
+        self._writing: asyncio.Task[None] | None = None
+
+    def moved(self, owner: ConsumerName, target: ConsumerName, ids: list[EntryId]) -> None:
+        with self._timing("log"):
+            _log_moved(self._assessment, self._agents, owner, target, ids)
+        self._waiting.append(_Moved(owner, target, ids))
+        self._count += len(ids)
+        if self._count >= RECORD_BATCH and (self._writing is None or self._writing.done()):
+            self._writing = asyncio.create_task(self._write(self._writing))
+
+    async def close(self) -> None:
+        await self._write(self._writing)
+
+    async def _write(self, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            await before  # a failed write fails the next one too: nothing is written twice
+        moved, self._waiting, self._count = self._waiting, [], 0
+        if moved:
+            with self._timing("record"):
+                await self._record(moved)
+
+    async def _record(self, moved: list[_Moved]) -> None:
+        assessment = self._assessment
+        rows = [row for m in moved for row in _reclaim_rows(assessment, self._agents, *m)]
+        await queries.append_events(self._engine, tenant=self._tenant, rows=rows)
+        by_target: dict[ConsumerName, list[EntryId]] = {}
+        for m in moved:
+            by_target.setdefault(m.target, []).extend(m.ids)
+        for target, ids in by_target.items():
+            await work.reclaimed(
+                self._engine,
+                tenant=self._tenant,
+                stream=assessment.stream,
+                consumer=target,
+                entry_ids=ids,
+            )
+
+
+class _Moved(NamedTuple):
+    owner: ConsumerName
+    target: ConsumerName
+    ids: list[EntryId]
+
+
+def _log_moved(
+    assessment: reclaim.GroupAssessment,
+    agents: Mapping[ConsumerName, AgentId | None],
+    owner: ConsumerName,
+    target: ConsumerName,
+    ids: list[EntryId],
+) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
-    stream, group = assessment.stream, assessment.group
-    agents = {t.consumer: t.agent for t in assessment.targets}
-    page = redis_sweep.SWEEP_PAGE
-    for (owner, target), ids in swept.moved.items():
-        rule = assessment.rules[owner]
-        common = {
-            "stream": stream,
-            "group": group,
-            "fromConsumer": owner,
-            "toConsumer": target,
-            "fromAgent": rule.agent,
-            "toAgent": agents.get(target),
-            "reason": rule.reason,
-        }
-        tail = f" on {stream}: {owner} -> {target}"
-        for start in range(0, len(ids), page):
-            batch = ids[start : start + page]
-            sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in batch]
-            logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
+    stream = assessment.stream
+    rule = assessment.rules[owner]
+    common = {
+        "stream": stream,
+        "group": assessment.group,
+        "fromConsumer": owner,
+        "toConsumer": target,
+        "fromAgent": rule.agent,
+        "toAgent": agents.get(target),
+        "reason": rule.reason,
+    }
+    tail = f" on {stream}: {owner} -> {target}"
+    for start in range(0, len(ids), LOG_PAGE):
+        batch = ids[start : start + LOG_PAGE]
+        sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in batch]
+        logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
 
 
-def reclaim_rows(
-    assessment: reclaim.GroupAssessment, swept: moves.GroupSweep
+def _reclaim_rows(
+    assessment: reclaim.GroupAssessment,
+    agents: Mapping[ConsumerName, AgentId | None],
+    owner: ConsumerName,
+    target: ConsumerName,
+    ids: list[EntryId],
 ) -> list[queries.EventRow]:
-    """One RECLAIMED row per batch of up to a sweep page, the batch's ids in `entry_ids`.
+    """One RECLAIMED row per page of a stretch, the page's ids in `entry_ids`.
 
     A row per entry would make PostgreSQL, not Redis, the limit of a large reclaim.
     """
-    agents = {t.consumer: t.agent for t in assessment.targets}
+    rule = assessment.rules[owner]
+    last_beat = rule.last_heartbeat_at
     rows: list[queries.EventRow] = []
-    page = redis_sweep.SWEEP_PAGE
-    for (owner, target), ids in swept.moved.items():
-        rule = assessment.rules[owner]
-        last_beat = rule.last_heartbeat_at
-        for start in range(0, len(ids), page):
-            batch = ids[start : start + page]
-            detail = {
-                "toConsumer": target,
-                "toAgent": agents.get(target),
-                "reason": rule.reason,
-                "reasons": [reason.value for reason in rule.down_reasons],
-                "lastHeartbeatAt": last_beat.isoformat() if last_beat else None,
-                "count": len(batch),
-            }
-            rows.append(
-                queries.EventRow(
-                    "RECLAIMED",
-                    agent_id=rule.agent,
-                    consumer=owner,
-                    stream=assessment.stream,
-                    group_name=assessment.group,
-                    detail=json.dumps(detail),
-                    entry_ids="{" + ",".join(batch) + "}",
-                )
+    for start in range(0, len(ids), LOG_PAGE):
+        batch = ids[start : start + LOG_PAGE]
+        detail = {
+            "toConsumer": target,
+            "toAgent": agents.get(target),
+            "reason": rule.reason,
+            "reasons": [reason.value for reason in rule.down_reasons],
+            "lastHeartbeatAt": last_beat.isoformat() if last_beat else None,
+            "count": len(batch),
+        }
+        rows.append(
+            queries.EventRow(
+                "RECLAIMED",
+                agent_id=rule.agent,
+                consumer=owner,
+                stream=assessment.stream,
+                group_name=assessment.group,
+                detail=json.dumps(detail),
+                entry_ids="{" + ",".join(batch) + "}",
             )
+        )
     return rows
 
 

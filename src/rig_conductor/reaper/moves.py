@@ -1,24 +1,38 @@
-"""The moves of one group: owner rules applied in Redis page by page, spread, then claimed.
+"""The moves of one group: pages of the owners' pending lists read, planned by the policy and
+claimed, with two pieces of work in flight at once.
 
-Each round sorts the next page of every acting owner's pending list in one round trip
-(`redis_sweep.sweep_pages`), lets the policy's `Spread` divide what may move among the
-targets, one lot per pool of targets, and claims each stretch of an owner's entries for a
-target with one guarded XCLAIM, all in a second round trip. The spread counts each share as
-soon as it is given, and takes back what the guard left in place, so an entry that did not
-move does not weigh on its target. Decides nothing itself:
-the rules and the spread are `policy.reclaim`'s.
+The acting owners are cut into chunks of about `CHUNK` entries a page. A chunk is one round trip
+that reads the next page of each of its owners (`redis_sweep.read_pages`), the policy's plan for
+those entries (`reclaim.plan_reclaims`, with the group's one `Spread`, so what earlier chunks
+gave each target counts), and one round trip of guarded XCLAIMs. As soon as a chunk's pages are
+read, the chunk of their next pages is queued, so `LANES` lanes keep Redis busy with one chunk
+while this process plans another. What moved goes to `on_moved` as it moves, so the caller
+logs and records it meanwhile. Decides nothing itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_sweep
+from rig_conductor.adapters.redis_sweep import PageRequest
 from rig_conductor.domain import ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
+
+LANES = 2  # chunks in flight: Redis works on one while this process plans the other
+CHUNK = 16_000  # entries a chunk reads and claims at most: some 50 ms of Redis time
+MAX_PAGE = 10_000  # entries per owner and read, when few owners make a chunk
+
+Timing = Callable[[str], AbstractContextManager[None]]
+# (owner, target, ids): entries that have just moved from owner to target.
+Moved = Callable[[ConsumerName, ConsumerName, list[EntryId]], None]
+Unit = dict[ConsumerName, PageRequest]
 
 
 @dataclass
@@ -39,44 +53,8 @@ class GroupSweep:
         return sum(len(ids) for ids in self.moved.values())
 
 
-def _claims(
-    pages: dict[ConsumerName, redis_sweep.SweptPage],
-    rules: Mapping[ConsumerName, reclaim.OwnerRule],
-    spread: reclaim.Spread,
-    result: GroupSweep,
-) -> tuple[list[ConsumerName], list[redis_sweep.ClaimBatch]]:
-    """One round's XCLAIMs: the pages' movable entries spread one lot per pool of targets, a
-    batch per stretch of one owner's entries for one target. Worn entries and entries without
-    a target are noted in `result`."""
-    owners: list[ConsumerName] = []
-    batches: list[redis_sweep.ClaimBatch] = []
-    pools: dict[reclaim.PoolKey, list[tuple[ConsumerName, list[EntryId]]]] = {}
-    for owner, page in pages.items():
-        rule = rules[owner]
-        result.worn.extend(e._replace(deliveries=rule.deliveries(e)) for e in page.worn)
-        if page.movable:
-            pools.setdefault(spread.pool_key(rule), []).append((owner, page.movable))
-    for key, runs in pools.items():
-        stretches = spread.assign(key, runs)
-        if not stretches:
-            for owner, ids in runs:
-                result.no_target[owner] = result.no_target.get(owner, 0) + len(ids)
-        for owner, target, ids in stretches:
-            least = pages[owner].least_idle_ms  # the guard: the least idle this page saw
-            batches.append(redis_sweep.ClaimBatch(target, least, ids))
-            owners.append(owner)
-    return owners, batches
-
-
-def sweep_rule(rule: reclaim.OwnerRule) -> redis_sweep.SweepRule:
-    return redis_sweep.SweepRule(
-        rule.owner,
-        rule.min_idle_ms,
-        rule.max_deliveries,
-        tuple(rule.worn),
-        tuple(rule.keep),
-        tuple(rule.due),
-    )
+def _no_timing(phase: str) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 async def sweep_group(
@@ -84,32 +62,106 @@ async def sweep_group(
     assessment: reclaim.GroupAssessment,
     *,
     dry_run: bool,
-    page_size: int = redis_sweep.SWEEP_PAGE,
+    page_size: int | None = None,
+    timing: Timing = _no_timing,
+    on_moved: Moved | None = None,
 ) -> GroupSweep:
-    """Apply every owner rule of `assessment` to its whole pending list."""
-    stream, group = assessment.stream, assessment.group
+    """Apply every owner rule of `assessment` to its whole pending list.
+
+    `timing(phase)` wraps the Redis work of each phase (`read`, `claim`) for the scan report;
+    `on_moved` hears of every stretch of entries that moved (not in a dry run). The first
+    failure ends the sweep once the work in flight is done, and is raised; what moved before
+    it has been handed to `on_moved`.
+    """
     rules = assessment.rules
-    spread = assessment.spread()
-    result = GroupSweep()
-    cursors = {owner: (sweep_rule(rule), "-") for owner, rule in rules.items()}
-    while cursors:
-        pages = await redis_sweep.sweep_pages(
-            redis, stream=stream, group=group, pages=cursors, page_size=page_size
-        )
-        owners, batches = _claims(pages, rules, spread, result)
-        if dry_run:
-            claimed = [list(batch.ids) for batch in batches]
-        else:
-            claimed = await redis_sweep.claim(redis, stream=stream, group=group, batches=batches)
-        for owner, batch, ids in zip(owners, batches, claimed, strict=True):
-            left = len(batch.ids) - len(ids)
-            spread.took(batch.target, -left)  # the guard left these where they were
-            result.skipped += left
-            if ids:
-                result.moved.setdefault((owner, batch.target), []).extend(ids)
-        cursors = {
-            owner: (cursors[owner][0], page.next_start)
+    if page_size is None:
+        page_size = max(redis_sweep.PAGE, min(MAX_PAGE, CHUNK // max(1, len(rules))))
+    sweep = _Sweep(redis, assessment, dry_run, page_size, timing, on_moved)
+    owners = list(rules)
+    per_chunk = max(1, CHUNK // page_size)
+    for start in range(0, len(owners), per_chunk):
+        chunk = owners[start : start + per_chunk]
+        sweep.work.put_nowait({o: PageRequest(rules[o].read_idle_ms, "-") for o in chunk})
+    lanes = [asyncio.create_task(sweep.lane()) for _ in range(LANES)]
+    try:
+        await sweep.work.join()
+    finally:
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
+    if sweep.failures:
+        raise sweep.failures[0]
+    return sweep.result
+
+
+class _Sweep:
+    def __init__(
+        self,
+        redis: Redis,
+        assessment: reclaim.GroupAssessment,
+        dry_run: bool,
+        page_size: int,
+        timing: Timing,
+        on_moved: Moved | None,
+    ) -> None:
+        self.redis = redis
+        self.assessment = assessment
+        self.dry_run = dry_run
+        self.page_size = page_size
+        self.timing = timing
+        self.on_moved = on_moved
+        self.spread = assessment.spread()
+        self.result = GroupSweep()
+        self.work: asyncio.Queue[Unit] = asyncio.Queue()
+        self.failures: list[Exception] = []
+
+    async def lane(self) -> None:
+        while True:
+            unit = await self.work.get()
+            try:
+                if not self.failures:
+                    await self.step(unit)
+            except Exception as exc:  # raised by sweep_group once the lanes are done
+                self.failures.append(exc)
+            finally:
+                self.work.task_done()
+
+    async def step(self, unit: Unit) -> None:
+        """Read one chunk's pages, queue the chunk of their next pages, plan and claim."""
+        stream, group = self.assessment.stream, self.assessment.group
+        with self.timing("read"):
+            pages = await redis_sweep.read_pages(
+                self.redis, stream=stream, group=group, pages=unit, count=self.page_size
+            )
+        follow = {
+            owner: PageRequest(unit[owner].min_idle_ms, page.next_start)
             for owner, page in pages.items()
             if page.next_start is not None
         }
-    return result
+        if follow:
+            self.work.put_nowait(follow)
+        entries = [entry for page in pages.values() for entry in page.entries]
+        plan = reclaim.plan_reclaims(self.assessment, entries, spread=self.spread)
+        result = self.result
+        result.worn.extend(plan.dead_letters)
+        for entry in plan.no_target:
+            result.no_target[entry.consumer] = result.no_target.get(entry.consumer, 0) + 1
+        batches = [
+            redis_sweep.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
+            for claim in plan.claims
+        ]
+        if self.dry_run:
+            claimed = [list(batch.ids) for batch in batches]
+        else:
+            with self.timing("claim"):
+                claimed = await redis_sweep.claim(
+                    self.redis, stream=stream, group=group, batches=batches
+                )
+        for claim, batch, ids in zip(plan.claims, batches, claimed, strict=True):
+            left = len(batch.ids) - len(ids)
+            self.spread.took(claim.target, -left)  # the guard left these where they were
+            result.skipped += left
+            if ids:
+                result.moved.setdefault((claim.owner, claim.target), []).extend(ids)
+                if self.on_moved is not None and not self.dry_run:
+                    self.on_moved(claim.owner, claim.target, ids)

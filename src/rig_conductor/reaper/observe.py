@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import audits, queries
-from rig_conductor.domain import GroupInfo
-from rig_conductor.metrics import UNKNOWN_AGENT, Metrics
+from rig_conductor.domain import UNKNOWN_AGENT, GroupInfo
 from rig_conductor.policy import detector
 from rig_conductor.policy.liveness import Fleet, age_ms
+
+if TYPE_CHECKING:
+    from rig_conductor.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

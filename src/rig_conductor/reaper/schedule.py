@@ -17,7 +17,6 @@ import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from redis.asyncio import Redis
@@ -29,6 +28,7 @@ from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader, observe, podwatch
+from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -138,17 +138,19 @@ class ReaperService:
         """Keep the report for the console's last scans and plots; a failure costs only that."""
         try:
             await history.record_scan(
-                self._engine, tenant=self._settings.tenant, report=report.to_json()
+                self._engine,
+                tenant=self._settings.tenant,
+                report=report.model_dump(mode="json", by_alias=True),
             )
         except Exception as exc:
             logger.warning("Scan report not stored: %s", cycle.describe_failure(exc))
 
-    async def scan_now(self, dry_run: bool | None) -> dict[str, Any]:
-        """A scan asked for through the API or the console, its report as JSON. A change on a
+    async def scan_now(self, dry_run: bool | None) -> ScanReport:
+        """A scan asked for through the API or the console, and its report. A change on a
         replica that is not the active reaper raises NotLeading: two replicas never both act."""
         if not self.leading and not (self._settings.dry_run if dry_run is None else dry_run):
             raise NotLeading("this replica is not the active reaper")
-        return (await self.scan(dry_run=dry_run)).to_json()
+        return await self.scan(dry_run=dry_run)
 
     async def on_pod_gone(self, pod: PodName) -> None:
         """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""

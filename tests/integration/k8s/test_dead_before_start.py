@@ -88,7 +88,7 @@ async def test_a_pod_gone_before_the_conductor_started_frees_its_entries(
 ) -> None:
     ids = await three_pods(redis, engine, kube)
     report = await scan(redis, engine, settings, liveness(api, settings, engine))
-    assert report.reclaimed == 4 and report.by_reason == {"pod-gone": 4}
+    assert report.reclaimed == 4 and report.reclaimed_by_reason == {"pod-gone": 4}
     assert set((await owners(redis, S, G)).values()) <= set(PODS[:2])
     assert sorted(await owners(redis, S, G)) == sorted(ids)
     assert kube.count("pod-get") == 1  # the one consumer the list did not explain
@@ -152,7 +152,7 @@ async def test_what_one_leader_saw_the_next_one_knows(
     kube.delete(DEAD, namespace="agents")  # dies while the leadership changes hands
     successor = liveness(api, settings, engine)  # a new process: nothing in memory
     report = await scan(redis, engine, settings, successor)
-    assert report.reclaimed == 4 and report.by_reason == {"pod-gone": 4}
+    assert report.reclaimed == 4 and report.reclaimed_by_reason == {"pod-gone": 4}
     assert kube.count("pod-get") == 0  # PostgreSQL knew it: no GET needed
     assert (await successor.probe([ConsumerName(DEAD)])) == {DEAD: PodState.GONE}
 

@@ -12,9 +12,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import ProgrammingError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
 
@@ -46,14 +44,3 @@ def current_revision(url: str) -> str | None:
 
 def is_current(url: str) -> bool:
     return current_revision(url) == head_revision(url)
-
-
-async def applied_revision(engine: AsyncEngine) -> str | None:
-    """The schema revision the database is at; None when it was never migrated (no
-    alembic_version table). Raises what the connection raises when PostgreSQL is down."""
-    try:
-        async with engine.connect() as conn:
-            found = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    except ProgrammingError:
-        return None
-    return str(found) if found is not None else None

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from rig_conductor.adapters.postgres import migrations
+from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.api.deps import Runtime, runtime
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ async def readyz(rt: Annotated[Runtime, Depends(runtime)]) -> JSONResponse:
     except Exception as exc:
         checks["redis"] = f"unavailable: {type(exc).__name__}"
     try:
-        version = await migrations.applied_revision(rt.engine)
+        version = await pg_engine.applied_revision(rt.engine)
         checks["postgres"] = "ok"
         if version is None:
             checks["schema"] = f"not migrated, needs {rt.schema_head}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 
 from rig_conductor.adapters import redis_reading
 from rig_conductor.adapters.postgres import queries
@@ -12,6 +12,7 @@ from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, runtime
 from rig_conductor.domain import AgentId
 from rig_conductor.policy import agents as agent_policy
+from rig_conductor.scan_report import ScanReport
 
 router = APIRouter(tags=["views"], responses=schemas.ERRORS)
 
@@ -76,13 +77,16 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
 
 @router.post(
     "/reaper/scan",
-    response_model=schemas.ScanReportView,
-    response_model_by_alias=True,
-    responses={409: {"model": schemas.Problem, "description": "not the active reaper"}},
+    response_class=Response,
+    responses={
+        200: {"model": ScanReport, "description": "the scan report"},
+        409: {"model": schemas.Problem, "description": "not the active reaper"},
+    },
 )
 async def scan_now(
     rt: Annotated[Runtime, Depends(runtime)],
     dry_run: Annotated[bool, Query(alias="dryRun")] = False,
-) -> schemas.ScanReportView:
+) -> Response:
     """Run one scan now (after any scan in progress) and return its report."""
-    return schemas.ScanReportView.model_validate(await rt.scan(dry_run))
+    report = await rt.scan(dry_run)
+    return Response(report.model_dump_json(by_alias=True), media_type="application/json")
