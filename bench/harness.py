@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg_engine
-from rig_conductor.adapters.postgres import migrations, queries
+from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName
 
 BIN = Path(sys.executable).parent
@@ -120,6 +120,8 @@ def servers() -> Iterator[Servers]:
             redis_url = redis_url or embedded.redis_url
             database_url = database_url or embedded.database_url
             origin = "embedded"
+        from rig_conductor.adapters.postgres import migrations  # alembic: only when needed
+
         migrations.upgrade(database_url)
         yield Servers(redis_url, database_url, origin)
 
