@@ -43,7 +43,6 @@ bench: install
 	$(BIN)/python bench/reclaim_cluster.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/recover.py
-	$(BIN)/python bench/recover_live.py
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/console.py
 

@@ -11,12 +11,11 @@ of every --hang-every-th issue hangs past the deadline. Every --kill-every secon
 agent is SIGKILLed and replaced by a new consumer (a new pod); the conductor is restarted at
 evenly spaced points of the progress, by SIGKILL and SIGTERM in turn.
 
-Printed, one `name: value` a line: dispatched, completed (accepted WORK_COMPLETED),
-dead-lettered, lost (neither completed, dead-lettered, pending nor undelivered), unfinished,
-double-committed effects (more than one committed file or accepted attempt, or a file of an
-attempt not accepted), missing effects, fenced reports, reclaims. The run ends once every issue
-is settled (then up to 15 s for the pending list to empty), at --timeout, or after 60 s without
-progress. Exit 1 on lost, doubled or missing work, a non-poison dead letter, unfinished issues.
+Printed, one `name: value` a line: dispatched, completed, dead-lettered, lost, unfinished,
+double-committed effects, missing effects, fenced reports, reclaims, ... (see `report`). The run
+ends once every issue is settled (then up to 15 s for the pending list to empty), at --timeout
+or after 60 s without progress. Exit 1 on lost, doubled or missing work, a non-poison dead
+letter or unfinished issues.
 
 Servers: harness.servers(). Nothing is flushed: the run has its own stream `chaos:<run>` and
 tenant, and deletes its Redis keys at the end. Logs and effects are kept on failure or --keep.
@@ -48,6 +47,7 @@ from typing import Any
 # Light imports only up here: the agent processes import this module for `handle`.
 logger = logging.getLogger("chaos")
 GROUP = "chaos"
+BENCH_DIR = str(Path(__file__).resolve().parent)
 STOP_TIMEOUT_S = 40.0  # serve drains for up to 30 s, an agent finishes its entry for up to 30 s
 STALL_TIMEOUT_S, DRAIN_TIMEOUT_S, PROGRESS_EVERY_S = 60.0, 15.0, 5.0
 ENTRY_DEADLINE_MS = "2000"
@@ -180,27 +180,22 @@ class Soak:
         raise RuntimeError(f"{name} not ready: {child.log.read_text()[-2000:]}")
 
     def start_agent(self, agent_id: str, consumer: str, **env: str) -> Child:
-        python_path = [p for p in (os.environ.get("PYTHONPATH"), str(Path(__file__).resolve().parent)) if p]
+        python_path = [p for p in (os.environ.get("PYTHONPATH"), BENCH_DIR) if p]  # for handle
+        env |= {"PYTHONPATH": os.pathsep.join(python_path), "CHAOS_OUT_DIR": str(self.out)}
+        env |= {"RIG_CONDUCTOR_URL": self.url, "RIG_ENTRY_DEADLINE_MS": ENTRY_DEADLINE_MS}
+        env |= {"RIG_HEARTBEAT_INTERVAL_S": "0.5", "RIG_SCAN_INTERVAL_S": "1"}
         command = ["agent", "--agent-id", agent_id, "--group", GROUP, "--stream", self.stream]
         return self.spawn(
-            consumer,
-            [*command, "--handler", "chaos:handle"],
-            RIG_CONDUCTOR_URL=self.url,
-            RIG_HEARTBEAT_INTERVAL_S="0.5",
-            RIG_SCAN_INTERVAL_S="1",
-            RIG_ENTRY_DEADLINE_MS=ENTRY_DEADLINE_MS,
-            CONSUMER_ID=consumer,
-            PYTHONPATH=os.pathsep.join(python_path),
-            CHAOS_OUT_DIR=str(self.out),
-            **env,
+            consumer, [*command, "--handler", "chaos:handle"], CONSUMER_ID=consumer, **env
         )
 
     def start_worker(self, slot: int) -> Child:
         """The agent of `slot`, as a new pod: a new consumer name."""
         self.incarnations[slot] += 1
-        agent_id = self.agent_ids[slot]
-        consumer = f"{agent_id}-{self.incarnations[slot]}"
-        return self.start_agent(agent_id, consumer, CHAOS_HANG_EVERY=str(self.opts.hang_every))
+        agent_id, hang_every = self.agent_ids[slot], str(self.opts.hang_every)
+        return self.start_agent(
+            agent_id, f"{agent_id}-{self.incarnations[slot]}", CHAOS_HANG_EVERY=hang_every
+        )
 
     async def stop_everything(self) -> None:
         agents = [c for c in self.children if c.alive() and c not in self.conductors]
@@ -368,9 +363,10 @@ class Soak:
         finally:
             await self.stop_everything()
             if not self.opts.keep:
+                # Staged-commit intents, consumer leases, dispatch idempotency markers.
                 keys = [self.stream, f"{self.stream}:dlq"]
-                for pattern in (f"rig:staged:{self.stream}:*", f"rig:consumer:{self.stream}:*"):
-                    keys += [key async for key in redis.scan_iter(match=pattern, count=1000)]
+                for glob in ("rig:staged:{}:*", "rig:consumer:{}:*", "{}:dispatched:*"):
+                    keys += [k async for k in redis.scan_iter(glob.format(self.stream), 1000)]
                 with contextlib.suppress(Exception):
                     await redis.delete(*keys)
             await redis.aclose()

@@ -156,11 +156,8 @@ class Stores:
         redis_version = (await self.redis.info("server"))["redis_version"]
         async with self.engine.connect() as conn:
             pg = (await conn.execute(text("SHOW server_version"))).scalar_one()
-        urls = [make_url(self.servers.database_url).render_as_string(), self.servers.redis_url]
-        return (
-            f"  Redis {redis_version}, PostgreSQL {pg} ({self.servers.origin}: {urls[1]}, "
-            f"{urls[0]}); {os.cpu_count()} cores"
-        )
+        where = f"{self.servers.redis_url}, {make_url(self.servers.database_url)}"
+        return f"  Redis {redis_version}, PostgreSQL {pg} ({self.servers.origin}: {where})"
 
 
 @contextlib.asynccontextmanager
@@ -168,18 +165,15 @@ async def stores() -> AsyncIterator[Stores]:
     """The servers and clients of them; both emptied at the end. The Redis database is
     FLUSHed: give the benchmarks a database of their own."""
     with servers() as found:
-        found_stores = Stores(
-            found,
-            redis_streams.connect(found.redis_url),
-            pg_engine.create_engine(found.database_url),
-        )
+        redis = redis_streams.connect(found.redis_url)
+        bench = Stores(found, redis, pg_engine.create_engine(found.database_url))
         try:
-            yield found_stores
+            yield bench
         finally:
             with contextlib.suppress(Exception):
-                await found_stores.reset()
-            await found_stores.redis.aclose()
-            await found_stores.engine.dispose()
+                await bench.reset()
+            await redis.aclose()
+            await bench.engine.dispose()
 
 
 # Data sets
@@ -188,19 +182,12 @@ async def stores() -> AsyncIterator[Stores]:
 async def add_entries(redis: Redis, stream: str, count: int, chunk: int = 10_000) -> list[str]:
     """`count` dispatch-shaped entries, pipelined; their ids in order."""
     ids: list[str] = []
+    entry = {"type": "ISSUE_ASSIGNED", "agentId": "bench", "assignedAt": "2026-05-16T09:00:00Z"}
+    entry["payload"] = '{"repo":"rig/conductor","pr":959,"kind":"review"}'
     for start in range(0, count, chunk):
         async with redis.pipeline(transaction=False) as pipe:
             for n in range(start, min(count, start + chunk)):
-                pipe.xadd(
-                    stream,
-                    {
-                        "type": "ISSUE_ASSIGNED",
-                        "issueId": f"rc-{n}",
-                        "agentId": "bench",
-                        "payload": '{"repo":"rig/conductor","pr":959,"kind":"review"}',
-                        "assignedAt": "2026-05-16T09:00:00+00:00",
-                    },
-                )
+                pipe.xadd(stream, {"issueId": f"rc-{n}", **entry})
             ids.extend(await pipe.execute())
     return ids
 
@@ -209,26 +196,22 @@ async def deliver(redis: Redis, stream: str, reads: Sequence[tuple[str, int]]) -
     """XREADGROUP GROUP g <consumer> COUNT <n> ... > for each (consumer, n); all must arrive."""
     script = redis.register_script(_DELIVER_LUA)
     todo = [(consumer, n) for consumer, n in reads if n > 0]
-    got = 0
+    got, expected = 0, sum(n for _, n in todo)
     for start in range(0, len(todo), 200):
         async with redis.pipeline(transaction=False) as pipe:
             for consumer, n in todo[start : start + 200]:
                 await script(keys=[stream], args=[GROUP, consumer, n], client=pipe)
             got += sum(int(x) for x in await pipe.execute())
-    if got != sum(n for _, n in todo):
-        raise BenchError(
-            f"{stream}: delivered {got:,} entries, expected {sum(n for _, n in todo):,}"
-        )
+    if got != expected:
+        raise BenchError(f"{stream}: delivered {got:,} entries, expected {expected:,}")
 
 
 async def heartbeat(engine: AsyncEngine, pairs: Sequence[tuple[str, str]]) -> None:
     """One HEARTBEAT per agent and one per consumer of the (agent, consumer) pairs, now."""
     beats = [queries.HeartbeatIn(AgentId(a)) for a in sorted({a for a, _ in pairs})]
     beats += [queries.HeartbeatIn(AgentId(a), ConsumerName(c)) for a, c in pairs]
-    for start in range(0, len(beats), 1_000):
-        await queries.record_heartbeats(
-            engine, tenant=TENANT, heartbeats=beats[start : start + 1_000]
-        )
+    for batch in (beats[start : start + 1_000] for start in range(0, len(beats), 1_000)):
+        await queries.record_heartbeats(engine, tenant=TENANT, heartbeats=batch)
 
 
 def consumers(agents: Sequence[str], count: int) -> list[tuple[str, str]]:
@@ -418,13 +401,11 @@ def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Ite
 # Printing
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "MISSED"
-
-
-def goal(label: str, value: str, target: str, ok: bool) -> bool:
-    """One line: `label` is `value`, the goal `target`, met or MISSED. Returns `ok`."""
-    print(f"  goal  {label:<44} {value:>12}  {target:<12} {verdict(ok)}", flush=True)
+def goal(label: str, value: float, op: str, target: float, unit: str = "") -> bool:
+    """One line: `label` is `value`; the goal (`op` `target`) met or MISSED. Returns which."""
+    ok = {">=": value >= target, "<=": value <= target, "<": value < target}[op]
+    shown, goal_ = f"{value:,.2f}{unit}", f"{op} {target:,g}{unit}"
+    print(f"  goal  {label:<40} {shown:>12}  {goal_:<12} {'met' if ok else 'MISSED'}", flush=True)
     return ok
 
 
@@ -433,5 +414,4 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[max(0, min(len(ordered) - 1, round(p / 100 * len(ordered)) - 1))]
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
+median = statistics.median

@@ -2,11 +2,10 @@
 
     .venv/bin/python bench/noop_app.py --port 8081
 
-The route takes the same `rig_conductor.api.schemas.Event` union as the conductor's
-`POST /api/events` and answers `202 {"accepted": true}` built the same way, storing nothing and
-with none of the conductor's middleware: the difference between the two endpoints is everything
-the conductor does beyond parsing the body. It runs under uvicorn as `serve` does: one worker,
-no access log, the `rig_conductor.logs` configuration, the collector tuned once started.
+The route takes the conductor's `schemas.Event` union and answers `202 {"accepted": true}` as
+the conductor does, storing nothing, with none of its middleware: the difference between the
+two endpoints is everything the conductor does beyond parsing the body. Served as `serve` is:
+one uvicorn worker, no access log, the `rig_conductor.logs` configuration, the gc policy.
 """
 
 from __future__ import annotations
