@@ -81,7 +81,9 @@ async def autoclaim_loop(stores: Stores, shape: Shape) -> float:
     return claimed / seconds
 
 
-async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[float, Any, dict]:
+async def reap_cli(
+    stores: Stores, shape: Shape, log_format: str
+) -> tuple[float, harness.CliRun, dict[str, Any]]:
     """The headline: (entries/s of the whole command, its run, its scan report)."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
     env = harness.conductor_env(

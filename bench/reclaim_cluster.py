@@ -52,17 +52,18 @@ def plant(client: Any, streams: list[str], per_stream: int) -> None:
 
 
 async def measure(
-    label: str, stores: Stores, client: Any, streams: int, entries: int, **env: str
+    label: str, stores: Stores, client: Any, args: argparse.Namespace, **env: str
 ) -> float:
+    """`reap --once` on a fresh copy of the data set on `client`'s servers: entries/s."""
     await stores.reset()
-    names = [f"assignments:{n}" for n in range(streams)]
-    await asyncio.to_thread(plant, client, names, entries // streams)
+    names = [f"assignments:{n}" for n in range(args.streams)]
+    await asyncio.to_thread(plant, client, names, args.entries // args.streams)
     await harness.heartbeat(stores.engine, LIVE)
     settings = harness.conductor_env(
         stores.servers, streams="assignments:*", agent_ids=AGENTS, entry_stale_ms=STALE_MS, **env
     )
     run = await asyncio.to_thread(harness.run_cli, ["reap", "--once"], settings)
-    moved, expected = json.loads(run.stdout)["reclaimed"], entries // streams * streams
+    moved, expected = json.loads(run.stdout)["reclaimed"], len(names) * (args.entries // len(names))
     recorded = await stores.reclaimed_rows()
     if not moved == run.lines == recorded == expected:
         raise BenchError(f"{label}: moved {moved:,}, {run.lines:,} lines, {recorded:,} recorded")
@@ -87,9 +88,8 @@ async def main(args: argparse.Namespace) -> int:
         )
         print(await stores.describe())
         standalone = redis.Redis.from_url(stores.servers.redis_url, decode_responses=True)
-        base = await measure(
-            "standalone (one server, baseline)", stores, standalone, args.streams, args.entries
-        )
+        base = await measure("standalone (one server, baseline)", stores, standalone, args)
+        standalone.close()
         with tempfile.TemporaryDirectory(prefix="rig-bench-") as root:
             cluster = await asyncio.to_thread(Cluster(Path(root), base=free_base()).start)
             try:
@@ -98,15 +98,8 @@ async def main(args: argparse.Namespace) -> int:
                     client.get_node_from_key(f"assignments:{n}").name for n in range(args.streams)
                 }
                 label = f"cluster, 3 primaries ({len(on)} hold streams)"
-                rate = await measure(
-                    label,
-                    stores,
-                    client,
-                    args.streams,
-                    args.entries,
-                    redis_mode="cluster",
-                    redis_url=cluster.url,
-                )
+                cluster_env = {"redis_mode": "cluster", "redis_url": cluster.url}
+                rate = await measure(label, stores, client, args, **cluster_env)
                 client.close()
             finally:
                 cluster.close()

@@ -52,15 +52,15 @@ async def fill(stores: Stores, entries: int) -> None:
     await harness.deliver(stores.redis, STREAM, [(OWNER, entries)])
 
 
-async def held_by(stores: Stores, consumers: set[str], since: float) -> float:
+async def held_by(stores: Stores, consumers: set[str], since: float, within: float = 30) -> float:
     """Seconds from `since` until the pending entries are held by `consumers` only (none: all
-    acked); 30 s at most."""
-    while time.perf_counter() - since < 30:
+    acked); `within` seconds at most."""
+    while time.perf_counter() - since < within:
         summary = await stores.redis.xpending(STREAM, GROUP)
         if {c["name"] for c in summary["consumers"] or ()} == consumers:
             return time.perf_counter() - since
         await asyncio.sleep(0.005)
-    raise BenchError(f"stuck entries not recovered 30 s later: {summary}")
+    raise BenchError(f"stuck entries not recovered {within:g} s later: {summary}")
 
 
 def conductor(stores: Stores, **settings: object) -> dict[str, str]:
@@ -132,7 +132,7 @@ async def degraded(stores: Stores, entries: int, grace_s: float) -> float:
             httpx.AsyncClient() as api,
         ):
             started = time.perf_counter()
-            waiting = asyncio.create_task(held_by(stores, set(), started))
+            waiting = asyncio.create_task(held_by(stores, set(), started, grace_s + 30))
             while not waiting.done():
                 if (await api.post(f"{url}/api/events", json=beat)).status_code != 202:
                     raise BenchError("the degraded heartbeat was not accepted")
@@ -157,7 +157,7 @@ async def hung(stores: Stores, deadline_s: float) -> float:
                     await asyncio.sleep(0.005)
                 started = time.perf_counter()
                 async with agents(url, stores, dict.fromkeys(PEERS, done), deadline_s):
-                    return await held_by(stores, set(), started)
+                    return await held_by(stores, set(), started, deadline_s + 30)
     finally:
         release.set()
 
