@@ -40,11 +40,9 @@ typecheck: install
 ## Benchmarks: each prints its ratios against baselines measured in the same run.
 bench: install
 	$(BIN)/python bench/reclaim.py
-	$(BIN)/python bench/reclaim_cli.py
 	$(BIN)/python bench/reclaim_cluster.py
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/recover.py
-	$(BIN)/python bench/recover_live.py
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/console.py
 

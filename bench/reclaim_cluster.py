@@ -1,20 +1,19 @@
-"""Reclaim on a Redis Cluster of 3 primaries and 3 replicas, next to one standalone server.
+"""Reclaim on a Redis Cluster of 3 primaries and 3 replicas, against one standalone server with the
+same data in the same run: `rig-conductor reap --once` as users run it (harness.run_cli).
 
-    .venv/bin/python bench/reclaim_cluster.py [--entries 300000] [--streams 12]
+    .venv/bin/python bench/reclaim_cluster.py [--quick] [--entries 300000] [--streams 12]
 
-The same data set on each: `--streams` streams (`assignments:<n>`, spread over every primary
-on the cluster), each with 20 consumers, the first half dead (their agents never heartbeat)
-and holding every entry, the other half live. The time is `rig-conductor reap --once` as users
-run it: a subprocess at INFO, its stderr read through a pipe. The cluster runs on local ports
-from Debian's redis-server (tests/topologies/servers.py); the standalone server is the
-benchmarks' Redis (RIG_BENCH_REDIS_URL, else embedded). Both are Redis 7 when configured.
+Data: `--streams` streams `assignments:<n>` (on the cluster, spread over every primary), each
+with 20 consumers: 10 dead (their agents never heartbeat) holding every entry, 10 live and
+heartbeating. The cluster runs from Debian's redis-server on free local ports
+(tests/topologies/servers.py); the standalone server is the benchmarks' Redis.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import json
 import sys
 import tempfile
 import time
@@ -23,134 +22,100 @@ from typing import Any
 
 import redis
 
-from common import BenchError
-from reclaim import servers
-from reclaim_cli import run_reap_once
-from rig_conductor.adapters.postgres import engine as pg_engine
-from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import AgentId, ConsumerName
+import harness
+from harness import BenchError, Stores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.topologies.servers import Cluster
+from tests.topologies.servers import Cluster, port_free
 
-GROUP, CONSUMERS, TENANT = "workers", 20, "bench-cluster"
-STALE_MS, AGENT_DOWN_MS = 100, 600_000
-CLUSTER_BASE = 7600
+GROUP, STALE_MS = "workers", 100
+DEAD = [f"dead-{n}-pod" for n in range(10)]
+LIVE = [(f"live-{n}", f"live-{n}-pod") for n in range(10)]
+AGENTS = ",".join([c.removesuffix("-pod") for c in DEAD] + [a for a, _ in LIVE])
 
 
-def build(client: Any, streams: list[str], entries: int) -> None:
-    """Every stream: its group, `entries // len(streams)` entries read by the dead consumers,
-    and the live consumers registered."""
-    per_stream = entries // len(streams)
-    dead = [f"dead-{n}-pod" for n in range(CONSUMERS // 2)]
+def plant(client: Any, streams: list[str], per_stream: int) -> None:
+    """Every stream: its group, `per_stream` entries read by the dead consumers, the live ones
+    registered. `client` is a standalone or a cluster client (a stream lives on one node)."""
     for stream in streams:
-        client.delete(stream)
         client.xgroup_create(stream, GROUP, id="0", mkstream=True)
         for start in range(0, per_stream, 10_000):
             pipe = client.pipeline(transaction=False)
             for n in range(start, min(per_stream, start + 10_000)):
                 pipe.xadd(stream, {"issueId": f"{stream}-{n}"})
             pipe.execute()
-        share = per_stream // len(dead) + 1
-        for consumer in dead:
-            client.xreadgroup(GROUP, consumer, {stream: ">"}, count=share)
-        for n in range(CONSUMERS // 2):
-            client.xgroup_createconsumer(stream, GROUP, f"live-{n}-pod")
+        for consumer in DEAD:
+            client.xreadgroup(GROUP, consumer, {stream: ">"}, count=per_stream // len(DEAD) + 1)
+        for _, consumer in LIVE:
+            client.xgroup_createconsumer(stream, GROUP, consumer)
     time.sleep(STALE_MS / 1000 + 0.05)
 
 
-async def heartbeat_live(database_url: str) -> None:
-    engine = pg_engine.create_engine(database_url)
-    try:
-        await queries.record_heartbeats(
-            engine,
-            tenant=TENANT,
-            heartbeats=[
-                queries.HeartbeatIn(AgentId(f"live-{n}"), ConsumerName(f"live-{n}-pod"))
-                for n in range(CONSUMERS // 2)
-            ],
+async def measure(
+    label: str, stores: Stores, client: Any, args: argparse.Namespace, **env: str
+) -> float:
+    """`reap --once` on a fresh copy of the data set on `client`'s servers: entries/s."""
+    await stores.reset()
+    names = [f"assignments:{n}" for n in range(args.streams)]
+    await asyncio.to_thread(plant, client, names, args.entries // args.streams)
+    await harness.heartbeat(stores.engine, LIVE)
+    settings = harness.conductor_env(
+        stores.servers, streams="assignments:*", agent_ids=AGENTS, entry_stale_ms=STALE_MS, **env
+    )
+    run = await asyncio.to_thread(harness.run_cli, ["reap", "--once"], settings)
+    moved, expected = json.loads(run.stdout)["reclaimed"], len(names) * (args.entries // len(names))
+    recorded = await stores.reclaimed_rows()
+    if not moved == run.lines == recorded == expected:
+        raise BenchError(f"{label}: moved {moved:,}, {run.lines:,} lines, {recorded:,} recorded")
+    print(f"  {label:<36} {moved / run.seconds:>9,.0f} entries/s  {run.seconds:6.2f} s")
+    client.delete(*names)
+    return moved / run.seconds
+
+
+def free_base() -> int:
+    """Six free ports in a row, and their cluster bus ports (+10000)."""
+    for base in range(7600, 8000, 10):
+        if all(port_free(p) and port_free(p + 10_000) for p in range(base, base + 6)):
+            return base
+    raise BenchError("no six free ports in a row between 7600 and 8000")
+
+
+async def main(args: argparse.Namespace) -> int:
+    async with harness.stores() as stores:
+        print(
+            f"rig-conductor reclaim on a Redis Cluster: reap --once, INFO, {args.entries:,} "
+            f"entries over {args.streams} streams"
         )
-    finally:
-        await engine.dispose()
-
-
-def reap_once(env_extra: dict[str, str], database_url: str) -> tuple[float, int, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    agents = [f"dead-{n}" for n in range(CONSUMERS // 2)] + [
-        f"live-{n}" for n in range(CONSUMERS // 2)
-    ]
-    env.update(
-        RIG_DATABASE_URL=database_url,
-        RIG_STREAMS="assignments:*",
-        RIG_AGENT_IDS=",".join(agents),
-        RIG_ENTRY_STALE_MS=str(STALE_MS),
-        RIG_AGENT_DOWN_MS=str(AGENT_DOWN_MS),
-        RIG_TENANT=TENANT,
-        RIG_K8S_ENABLED="false",
-        **env_extra,
-    )
-    seconds, report, lines, _ = run_reap_once(env)
-    return seconds, int(report["reclaimed"]), lines
-
-
-def measure(label: str, client: Any, env: dict[str, str], database_url: str, args: Any) -> float:
-    streams = [f"assignments:{n}" for n in range(args.streams)]
-    build(client, streams, args.entries)
-    asyncio.run(heartbeat_live(database_url))
-    seconds, moved, lines = reap_once(env, database_url)
-    expected = (args.entries // args.streams) * args.streams
-    if not moved == lines == expected:
-        raise BenchError(f"{label}: moved {moved:,}, {lines:,} lines, expected {expected:,}")
-    rate = moved / seconds
-    print(f"    {label:<34} {rate:>10,.0f} entries/s  {seconds:6.2f} s")
-    for stream in streams:
-        client.delete(stream)
-    return rate
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=300_000)
-    parser.add_argument("--streams", type=int, default=12)
-    args = parser.parse_args()
-    print(
-        f"rig-conductor reclaim on a Redis Cluster: reap --once, INFO, {args.entries:,} entries "
-        f"over {args.streams} streams"
-    )
-    try:
-        with servers() as found, tempfile.TemporaryDirectory(prefix="rig-bench-") as root:
-            standalone = redis.Redis.from_url(found.redis_url, decode_responses=True)
-            base = measure(
-                "standalone (one server)",
-                standalone,
-                {"RIG_REDIS_URL": found.redis_url},
-                found.database_url,
-                args,
-            )
-            cluster = Cluster(Path(root), base=CLUSTER_BASE).start()
+        print(await stores.describe())
+        standalone = redis.Redis.from_url(stores.servers.redis_url, decode_responses=True)
+        base = await measure("standalone (one server, baseline)", stores, standalone, args)
+        standalone.close()
+        with tempfile.TemporaryDirectory(prefix="rig-bench-") as root:
+            cluster = await asyncio.to_thread(Cluster(Path(root), base=free_base()).start)
             try:
                 client = redis.RedisCluster.from_url(cluster.url, decode_responses=True)
-                spread = {
+                on = {
                     client.get_node_from_key(f"assignments:{n}").name for n in range(args.streams)
                 }
-                rate = measure(
-                    f"cluster, 3 primaries ({len(spread)} hold streams)",
-                    client,
-                    {"RIG_REDIS_MODE": "cluster", "RIG_REDIS_URL": cluster.url},
-                    found.database_url,
-                    args,
-                )
+                label = f"cluster, 3 primaries ({len(on)} hold streams)"
+                cluster_env = {"redis_mode": "cluster", "redis_url": cluster.url}
+                rate = await measure(label, stores, client, args, **cluster_env)
+                client.close()
             finally:
                 cluster.close()
-            print(
-                f"    cluster / standalone: {rate / base:.2f}x "
-                "(one 2-core machine runs the conductor and all six nodes)"
-            )
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        return 1
+        print(
+            f"  cluster / standalone: {rate / base:.2f}x "
+            "(one machine runs the conductor and all six nodes)"
+        )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="30,000 entries over 6 streams")
+    parser.add_argument("--entries", type=int, help="300,000")
+    parser.add_argument("--streams", type=int, help="12")
+    args = parser.parse_args()
+    args.entries = args.entries or (30_000 if args.quick else 300_000)
+    args.streams = args.streams or (6 if args.quick else 12)
+    sys.exit(harness.run(main(args)))

@@ -1,0 +1,417 @@
+"""What the benchmarks share: the servers, data sets planted in them, `rig-conductor` run as
+users run it (a subprocess, its stderr read through a pipe) and the way results are printed.
+
+It measures nothing itself: each benchmark says what it times and against which baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import psycopg
+from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import engine as pg_engine
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import AgentId, ConsumerName
+
+BIN = Path(sys.executable).parent
+COMMAND = (
+    [str(BIN / "rig-conductor")]
+    if (BIN / "rig-conductor").exists()
+    else [sys.executable, "-m", "rig_conductor"]
+)
+GROUP = "g"
+TENANT = "default"
+RECLAIMED = "[StreamReclaim] Reclaimed"
+
+# Dead agents' ids extend live ones, so every consumer name goes through the longest-prefix
+# resolution (review-e-codex-rig-agent-runtime-0 belongs to review-e-codex, not review-e).
+LIVE_AGENTS = ("review-e", "dev-e", "test-e", "docs-e", "ops-e")
+LIVE_AGENTS += ("qa-e", "sec-e", "perf-e", "arch-e", "triage-e")
+_VARIANTS = ("codex", "dotnet", "py", "ja", "eu", "mobile", "scan", "load", "rfc", "bot")
+DEAD_AGENTS = tuple(f"{a}-{v}" for a, v in zip(LIVE_AGENTS, _VARIANTS, strict=True))
+
+# XREADGROUP run server-side: delivering a million entries does not ship them to the client.
+_DELIVER_LUA = """
+local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
+                     'STREAMS', KEYS[1], '>')
+if not r then return 0 end
+return #r[1][2]
+"""
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run, or a result failed its check: one line, exit 1."""
+
+
+def run(main: Coroutine[Any, Any, int]) -> int:
+    """asyncio.run(main); a BenchError is one line on stderr and exit 1."""
+    try:
+        return asyncio.run(main)
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+
+
+# Servers
+
+
+def conninfo(url: str, database: str | None = None) -> str:
+    """The libpq form of a SQLAlchemy URL (psycopg takes postgresql://...)."""
+    target = make_url(url).set(drivername="postgresql")
+    if database is not None:
+        target = target.set(database=database)
+    return target.render_as_string(hide_password=False)
+
+
+def ensure_database(url: str) -> None:
+    """CREATE DATABASE <name> through the server's `postgres` database when it is missing."""
+    name = make_url(url).database
+    if not name:
+        raise BenchError("RIG_BENCH_DATABASE_URL names no database")
+    with psycopg.connect(conninfo(url, "postgres"), autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if found is None:
+            quoted = name.replace('"', '""')
+            conn.execute(f'CREATE DATABASE "{quoted}"'.encode())
+
+
+@dataclass(frozen=True)
+class Servers:
+    redis_url: str
+    database_url: str
+    origin: str  # "configured" or "embedded"
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[Servers]:
+    """RIG_BENCH_REDIS_URL and RIG_BENCH_DATABASE_URL, else an embedded Redis and PostgreSQL in
+    a temporary directory; the database created when missing and migrated to head."""
+    redis_url = os.environ.get("RIG_BENCH_REDIS_URL")
+    database_url = os.environ.get("RIG_BENCH_DATABASE_URL")
+    with contextlib.ExitStack() as stack:
+        origin = "configured"
+        if database_url:
+            ensure_database(database_url)
+        if not (redis_url and database_url):
+            from rig_conductor.embedded import embedded_services
+
+            embedded = stack.enter_context(embedded_services())
+            redis_url = redis_url or embedded.redis_url
+            database_url = database_url or embedded.database_url
+            origin = "embedded"
+        from rig_conductor.adapters.postgres import migrations  # alembic: only when needed
+
+        migrations.upgrade(database_url)
+        yield Servers(redis_url, database_url, origin)
+
+
+@dataclass
+class Stores:
+    """Clients of the servers. The benchmark owns them: `reset` empties both."""
+
+    servers: Servers
+    redis: Redis
+    engine: AsyncEngine
+
+    async def reset(self) -> None:
+        """FLUSHDB, and TRUNCATE every table but alembic_version."""
+        await self.redis.flushdb()
+        async with self.engine.begin() as conn:
+            tables = await conn.execute(
+                text(
+                    "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = "
+                    "current_schema() AND tablename <> 'alembic_version'"
+                )
+            )
+            await conn.execute(text(f"TRUNCATE {', '.join(tables.scalars())}"))
+
+    async def reclaimed_rows(self) -> int:
+        """Entries the event log records as reclaimed (a RECLAIMED row carries a batch of ids)."""
+        sql = "SELECT coalesce(sum(coalesce(cardinality(entry_ids), 1)), 0) FROM events "
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(text(sql + "WHERE kind = 'RECLAIMED'"))).scalar_one())
+
+    async def describe(self) -> str:
+        redis_version = (await self.redis.info("server"))["redis_version"]
+        async with self.engine.connect() as conn:
+            pg = (await conn.execute(text("SHOW server_version"))).scalar_one()
+        where = f"{self.servers.redis_url}, {make_url(self.servers.database_url)}"
+        return f"  Redis {redis_version}, PostgreSQL {pg} ({self.servers.origin}: {where})"
+
+
+@contextlib.asynccontextmanager
+async def stores() -> AsyncIterator[Stores]:
+    """The servers and clients of them; both emptied at the end. The Redis database is
+    FLUSHed: give the benchmarks a database of their own."""
+    with servers() as found:
+        redis = redis_streams.connect(found.redis_url)
+        bench = Stores(found, redis, pg_engine.create_engine(found.database_url))
+        try:
+            yield bench
+        finally:
+            with contextlib.suppress(Exception):
+                await bench.reset()
+            await redis.aclose()
+            await bench.engine.dispose()
+
+
+# Data sets
+
+
+async def add_entries(redis: Redis, stream: str, count: int, chunk: int = 10_000) -> list[str]:
+    """`count` dispatch-shaped entries, pipelined; their ids in order."""
+    ids: list[str] = []
+    entry = {"type": "ISSUE_ASSIGNED", "agentId": "bench", "assignedAt": "2026-05-16T09:00:00Z"}
+    entry["payload"] = '{"repo":"rig/conductor","pr":959,"kind":"review"}'
+    for start in range(0, count, chunk):
+        async with redis.pipeline(transaction=False) as pipe:
+            for n in range(start, min(count, start + chunk)):
+                pipe.xadd(stream, {"issueId": f"rc-{n}", **entry})
+            ids.extend(await pipe.execute())
+    return ids
+
+
+async def deliver(redis: Redis, stream: str, reads: Sequence[tuple[str, int]]) -> None:
+    """XREADGROUP GROUP g <consumer> COUNT <n> ... > for each (consumer, n); all must arrive."""
+    script = redis.register_script(_DELIVER_LUA)
+    todo = [(consumer, n) for consumer, n in reads if n > 0]
+    got, expected = 0, sum(n for _, n in todo)
+    for start in range(0, len(todo), 200):
+        async with redis.pipeline(transaction=False) as pipe:
+            for consumer, n in todo[start : start + 200]:
+                await script(keys=[stream], args=[GROUP, consumer, n], client=pipe)
+            got += sum(int(x) for x in await pipe.execute())
+    if got != expected:
+        raise BenchError(f"{stream}: delivered {got:,} entries, expected {expected:,}")
+
+
+async def heartbeat(engine: AsyncEngine, pairs: Sequence[tuple[str, str]]) -> None:
+    """One HEARTBEAT per agent and one per consumer of the (agent, consumer) pairs, now."""
+    beats = [queries.HeartbeatIn(AgentId(a)) for a in sorted({a for a, _ in pairs})]
+    beats += [queries.HeartbeatIn(AgentId(a), ConsumerName(c)) for a, c in pairs]
+    for batch in (beats[start : start + 1_000] for start in range(0, len(beats), 1_000)):
+        await queries.record_heartbeats(engine, tenant=TENANT, heartbeats=batch)
+
+
+def consumers(agents: Sequence[str], count: int) -> list[tuple[str, str]]:
+    """`count` (agent, `<agent>-rig-agent-runtime-<n>`) pairs, round-robin over `agents`."""
+    return [
+        (agents[i % len(agents)], f"{agents[i % len(agents)]}-rig-agent-runtime-{i // len(agents)}")
+        for i in range(count)
+    ]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """`consumers` consumers with `entries // consumers` pending entries each; the first half's
+    agents are dead (known ids that never heartbeat), the other half's alive."""
+
+    entries: int
+    consumers: int
+
+    @classmethod
+    def parse(cls, spec: str) -> Shape:
+        entries, consumers_ = (int(x) for x in spec.split("/"))
+        if consumers_ < 2 or consumers_ % 2 or entries % consumers_:
+            raise BenchError(f"shape {spec}: consumers even, entries a multiple of them")
+        return cls(entries, consumers_)
+
+    @property
+    def per_consumer(self) -> int:
+        return self.entries // self.consumers
+
+    @property
+    def stale(self) -> int:
+        """Entries held by the dead half: what a scan must move."""
+        return self.per_consumer * (self.consumers // 2)
+
+    @property
+    def dead(self) -> list[tuple[str, str]]:
+        return consumers(DEAD_AGENTS[: self.consumers // 2], self.consumers // 2)
+
+    @property
+    def live(self) -> list[tuple[str, str]]:
+        return consumers(LIVE_AGENTS[: self.consumers // 2], self.consumers // 2)
+
+    @property
+    def agent_ids(self) -> str:
+        return ",".join(sorted({a for a, _ in self.dead + self.live}))
+
+    def __str__(self) -> str:
+        return f"{self.entries:,} entries / {self.consumers:,} consumers"
+
+
+async def plant(stores: Stores, shape: Shape, stream: str, stale_ms: int) -> None:
+    """A fresh data set: the dead consumers' entries idle past `stale_ms`, the live consumers'
+    just read (and their agents and consumers heartbeating).
+
+    Live consumers hold the lower half of the ids, dead ones the upper half (the group starts at
+    the midpoint, the dead read, then XGROUP SETID 0 lets the live read the lower half): a walk
+    of the whole pending list in id order (XAUTOCLAIM) passes the live entries while fresh.
+    """
+    await stores.reset()
+    redis = stores.redis
+    ids = await add_entries(redis, stream, shape.entries)
+    await redis.xgroup_create(stream, GROUP, id=ids[shape.stale - 1])
+    await deliver(redis, stream, [(c, shape.per_consumer) for _, c in shape.dead])
+    read_at = time.monotonic()
+    await heartbeat(stores.engine, shape.live)
+    await asyncio.sleep(max(0.0, read_at + stale_ms / 1000 + 0.2 - time.monotonic()))
+    await redis.xgroup_setid(stream, GROUP, id="0")
+    await deliver(redis, stream, [(c, shape.per_consumer) for _, c in shape.live])
+
+
+async def verify_moved(stores: Stores, shape: Shape, stream: str, to: set[str]) -> dict[str, int]:
+    """After a reclaim: the dead consumers hold nothing, every entry is still pending, with a
+    live consumer or one of `to`. Returns the pending count per consumer."""
+    summary = await stores.redis.xpending(stream, GROUP)
+    pel = {row["name"]: int(row["pending"]) for row in summary.get("consumers") or []}
+    left = sum(pel.get(c, 0) for _, c in shape.dead)
+    strangers = set(pel) - {c for _, c in shape.live} - to
+    if left or strangers or sum(pel.values()) != shape.entries:
+        raise BenchError(
+            f"after the reclaim: {left:,} entries on dead consumers, unexpected owners "
+            f"{sorted(strangers)[:5]}, {sum(pel.values()):,} pending of {shape.entries:,}"
+        )
+    return pel
+
+
+# rig-conductor as users run it
+
+
+def conductor_env(found: Servers, **settings: object) -> dict[str, str]:
+    """The caller's environment without its RIG_* variables, plus the servers, Kubernetes off
+    and `settings` (name -> RIG_<NAME>): what a user's shell would hand the command."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    env.update(
+        RIG_REDIS_URL=found.redis_url, RIG_DATABASE_URL=found.database_url, RIG_K8S_ENABLED="false"
+    )
+    env.update({f"RIG_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+@dataclass
+class CliRun:
+    seconds: float  # the whole command: start-up, work, every line through the pipe, exit
+    stdout: str
+    lines: int  # stderr lines carrying the counted marker
+    rss_mb: float  # the child's peak RSS
+
+
+def run_cli(args: Sequence[str], env: dict[str, str], count: str = RECLAIMED) -> CliRun:
+    """`rig-conductor <args>`, stdout and stderr read by this process through pipes (stderr in
+    a thread, counting the lines that carry `count`); peak RSS from wait4."""
+    lines, tail = 0, collections.deque[str](maxlen=5)
+
+    def read(stream: IO[str]) -> None:
+        nonlocal lines
+        for line in stream:
+            if count in line:
+                lines += 1
+            else:
+                tail.append(line)
+
+    started = time.perf_counter()
+    with subprocess.Popen(
+        [*COMMAND, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        assert child.stdout is not None and child.stderr is not None
+        reader = threading.Thread(target=read, args=(child.stderr,))
+        reader.start()
+        stdout = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        reader.join()
+    seconds = time.perf_counter() - started
+    if child.returncode != 0:
+        said = "".join(tail).strip()[-400:]
+        raise BenchError(f"rig-conductor {' '.join(args)} exited {child.returncode}: {said}")
+    return CliRun(seconds, stdout, lines, usage.ru_maxrss / 1024)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def process(
+    command: Sequence[str], env: dict[str, str], ready_url: str, log: IO[bytes] | int
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process until the block ends, once `ready_url` answers 200; then SIGTERM
+    (SIGKILL after 40 s: `serve` drains for up to 30 s)."""
+    child = subprocess.Popen(
+        command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if child.poll() is not None:
+                raise BenchError(f"{' '.join(command[-2:])} exited {child.returncode} at start")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(ready_url, timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise BenchError(f"{ready_url} did not answer 200 within 60 s")
+            time.sleep(0.2)
+        yield child
+    finally:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(40)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+@contextlib.contextmanager
+def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[str]:
+    """`rig-conductor serve` on a free port, no scan for an hour: its base URL."""
+    port = free_port()
+    env = {**env, "RIG_HTTP_HOST": "127.0.0.1", "RIG_HTTP_PORT": str(port)}
+    env.setdefault("RIG_STARTUP_DELAY_S", "3600")
+    url = f"http://127.0.0.1:{port}"
+    with process([*COMMAND, "serve"], env, f"{url}/readyz", log):
+        yield url
+
+
+# Printing
+
+
+def goal(label: str, value: float, op: str, target: float, unit: str = "") -> bool:
+    """One line: `label` is `value`; the goal (`op` `target`) met or MISSED. Returns which."""
+    ok = {">=": value >= target, "<=": value <= target, "<": value < target}[op]
+    shown, goal_ = f"{value:,.2f}{unit}", f"{op} {target:,g}{unit}"
+    print(f"  goal  {label:<40} {shown:>12}  {goal_:<12} {'met' if ok else 'MISSED'}", flush=True)
+    return ok
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(p / 100 * len(ordered)) - 1))]
+
+
+median = statistics.median
