@@ -224,62 +224,76 @@ def consumers(agents: Sequence[str], count: int) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Shape:
-    """`consumers` consumers with `entries // consumers` pending entries each; the first half's
-    agents are dead (known ids that never heartbeat), the other half's alive."""
+    """`entries` pending entries over `consumers` consumers; the first half's agents are dead
+    (known ids that never heartbeat), the other half's alive. With `spare` (spec `E/C+S`), all
+    `consumers` are dead and hold every entry, and `spare` live consumers hold none: a dead
+    fleet and its survivors."""
 
     entries: int
     consumers: int
+    spare: int = 0
 
     @classmethod
     def parse(cls, spec: str) -> Shape:
-        entries, consumers_ = (int(x) for x in spec.split("/"))
-        if consumers_ < 2 or consumers_ % 2 or entries % consumers_:
-            raise BenchError(f"shape {spec}: consumers even, entries a multiple of them")
-        return cls(entries, consumers_)
+        sizes, _, spare = spec.partition("+")
+        entries, consumers_ = (int(x) for x in sizes.split("/"))
+        shape = cls(entries, consumers_, int(spare or 0))
+        if consumers_ < 2 or entries % len(shape.dead) or (not shape.spare and consumers_ % 2):
+            raise BenchError(f"shape {spec}: entries a multiple of the dead consumers' count")
+        return shape
 
     @property
     def per_consumer(self) -> int:
-        return self.entries // self.consumers
+        """Entries each dead consumer holds (and each live one, without spares)."""
+        return self.entries // len(self.dead)
 
     @property
     def stale(self) -> int:
-        """Entries held by the dead half: what a scan must move."""
-        return self.per_consumer * (self.consumers // 2)
+        """Entries held by the dead consumers: what a scan must move."""
+        return self.per_consumer * len(self.dead)
 
     @property
     def dead(self) -> list[tuple[str, str]]:
-        return consumers(DEAD_AGENTS[: self.consumers // 2], self.consumers // 2)
+        count = self.consumers if self.spare else self.consumers // 2
+        return consumers(DEAD_AGENTS[:count], count)
 
     @property
     def live(self) -> list[tuple[str, str]]:
-        return consumers(LIVE_AGENTS[: self.consumers // 2], self.consumers // 2)
+        count = self.spare or self.consumers // 2
+        return consumers(LIVE_AGENTS[:count], count)
 
     @property
     def agent_ids(self) -> str:
         return ",".join(sorted({a for a, _ in self.dead + self.live}))
 
     def __str__(self) -> str:
-        return f"{self.entries:,} entries / {self.consumers:,} consumers"
+        spare = f" + {self.spare:,} live" if self.spare else ""
+        return f"{self.entries:,} entries / {self.consumers:,} consumers{spare}"
 
 
 async def plant(stores: Stores, shape: Shape, stream: str, stale_ms: int) -> None:
     """A fresh data set: the dead consumers' entries idle past `stale_ms`, the live consumers'
     just read (and their agents and consumers heartbeating).
 
-    Live consumers hold the lower half of the ids, dead ones the upper half (the group starts at
-    the midpoint, the dead read, then XGROUP SETID 0 lets the live read the lower half): a walk
-    of the whole pending list in id order (XAUTOCLAIM) passes the live entries while fresh.
+    Live consumers hold the lower ids, dead ones the upper (the group starts where the dead
+    ones' begin, they read, then XGROUP SETID 0 lets the live read the lower ids): a walk of the
+    whole pending list in id order (XAUTOCLAIM) passes the live entries while fresh.
     """
     await stores.reset()
     redis = stores.redis
     ids = await add_entries(redis, stream, shape.entries)
-    await redis.xgroup_create(stream, GROUP, id=ids[shape.stale - 1])
+    live_held = shape.entries - shape.stale
+    await redis.xgroup_create(stream, GROUP, id=ids[live_held - 1] if live_held else "0")
     await deliver(redis, stream, [(c, shape.per_consumer) for _, c in shape.dead])
     read_at = time.monotonic()
     await heartbeat(stores.engine, shape.live)
+    async with redis.pipeline(transaction=False) as pipe:
+        for _, consumer in shape.live:
+            pipe.xgroup_createconsumer(stream, GROUP, consumer)
+        await pipe.execute()
     await asyncio.sleep(max(0.0, read_at + stale_ms / 1000 + 0.2 - time.monotonic()))
     await redis.xgroup_setid(stream, GROUP, id="0")
-    await deliver(redis, stream, [(c, shape.per_consumer) for _, c in shape.live])
+    await deliver(redis, stream, [(c, live_held // len(shape.live)) for _, c in shape.live])
 
 
 async def verify_moved(stores: Stores, shape: Shape, stream: str, to: set[str]) -> dict[str, int]:

@@ -4,13 +4,15 @@ loop of the source design on the same data set in the same run.
 
     .venv/bin/python bench/reclaim.py            # 200,000 / 200 and 1,000,000 / 1,000
     .venv/bin/python bench/reclaim.py --quick    # 50,000 / 50, quiet scan on 1,000 consumers
-    .venv/bin/python bench/reclaim.py --shapes 1000000/1000 --quiet-consumers 0
+    .venv/bin/python bench/reclaim.py --shapes 1000000/1000+1 --quiet-consumers 0
 
-Each run gets a fresh data set (harness.plant): half the consumers' agents dead, their entries
-stale. A run counts only once verified: the dead consumers hold nothing, and the report, the
-[StreamReclaim] lines read from stderr and the event log's RECLAIMED rows all count every stale
-entry. Secondary lines: `reap_once` in this process at WARNING (no log lines at all), and the
-cost of a quiet scan (nothing stale) with a million pending entries against a hundred.
+Each run gets a fresh data set (harness.plant): every entry held by a dead consumer (known
+agent ids that never heartbeat), stale, and one live consumer to take them all. A run counts
+only once verified: the dead consumers hold nothing, and the report, the [StreamReclaim] lines
+read from stderr and the event log's RECLAIMED rows all count every stale entry. Also printed:
+XCLAIM JUSTID of the same ids known beforehand (what the moves alone cost Redis). Secondary
+lines: `reap_once` in this process at WARNING (no log lines at all), and the cost of a quiet
+scan (nothing stale) with a million pending entries against a hundred.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from typing import Any
 
 import harness
 from harness import GROUP, TENANT, BenchError, Shape, Stores
-from rig_conductor.adapters import redis_sweep
+from rig_conductor.adapters import redis_streams, redis_sweep
+from rig_conductor.domain import ConsumerName, GroupName, StreamKey
 from rig_conductor.reaper.cycle import reap_once
 from rig_conductor.settings import Settings
 
@@ -63,7 +66,7 @@ async def verify(stores: Stores, shape: Shape, reported: int, lines: int) -> Non
 async def autoclaim_loop(stores: Stores, shape: Shape) -> float:
     """The baseline: `XAUTOCLAIM <stream> g recovery-worker-01 <min-idle> <cursor> COUNT 10`
     until the cursor is back at 0-0. It only moves entries: no event log, no log line."""
-    min_idle = 5_000 if shape.entries > 200_000 else 2_000  # live entries stay fresh meanwhile
+    min_idle = 1_000
     await harness.plant(stores, shape, STREAM, min_idle)
     started = time.perf_counter()
     cursor, claimed = "0-0", 0
@@ -79,6 +82,29 @@ async def autoclaim_loop(stores: Stores, shape: Shape) -> float:
     if not claimed == pel.get(RECOVERY) == shape.stale:
         raise BenchError(f"the loop claimed {claimed:,} entries of {shape.stale:,} stale ones")
     return claimed / seconds
+
+
+async def claim_floor(stores: Stores, shape: Shape) -> float:
+    """What the moves alone cost Redis: the dead consumers' ids, read beforehand, claimed for
+    the live consumer with XCLAIM ... JUSTID, 1,000 ids a command, pipelined."""
+    await harness.plant(stores, shape, STREAM, STALE_MS)
+    ids = await redis_streams.pending_entries(
+        stores.redis,
+        stream=StreamKey(STREAM),
+        group=GroupName(GROUP),
+        min_idle_ms={ConsumerName(c): 0 for _, c in shape.dead},
+    )
+    target = shape.live[0][1]
+    started = time.perf_counter()
+    async with stores.redis.pipeline(transaction=False) as pipe:
+        for start in range(0, len(ids), 1_000):
+            batch = [e.id for e in ids[start : start + 1_000]]
+            pipe.xclaim(STREAM, GROUP, target, 0, batch, justid=True)
+        moved = sum(len(reply) for reply in await pipe.execute())
+    seconds = time.perf_counter() - started
+    if moved != shape.stale:
+        raise BenchError(f"XCLAIM moved {moved:,} of {shape.stale:,} entries")
+    return moved / seconds
 
 
 async def reap_cli(
@@ -117,9 +143,15 @@ async def reap_in_process(stores: Stores, shape: Shape) -> float:
 
 
 async def measure_shape(stores: Stores, shape: Shape) -> None:
-    print(f"\n{shape}: {shape.stale:,} stale entries (the dead half's)", flush=True)
+    print(f"\n{shape}: {shape.stale:,} stale entries", flush=True)
     loop = await autoclaim_loop(stores, shape)
     print(f"  {'XAUTOCLAIM COUNT 10 loop (baseline)':<40} {loop:>9,.0f} entries/s", flush=True)
+    floor = await claim_floor(stores, shape)
+    print(
+        f"  {'XCLAIM JUSTID of known ids, pipelined':<40} {floor:>9,.0f} entries/s "
+        f"{floor / loop:5.1f}x the loop  (Redis's own cost of the moves: no discovery, no log)",
+        flush=True,
+    )
     for log_format in ("text", "json"):
         rate, run, report = await reap_cli(stores, shape, log_format)
         checks = {
@@ -161,14 +193,14 @@ async def quiet_scan(stores: Stores, consumers: int, big: int) -> None:
     await harness.heartbeat(stores.engine, pairs)
     agents = ",".join(QUIET_AGENTS)
     runs: dict[int, list[float]] = {pending: [] for pending in cases}
-    reads, original = 0, redis_sweep.sweep_pages
+    reads, original = 0, redis_sweep.read_pages
 
     async def counted(*args: Any, **kwargs: Any) -> Any:  # a pending list read
         nonlocal reads
         reads += 1
         return await original(*args, **kwargs)
 
-    redis_sweep.sweep_pages = counted  # type: ignore[assignment]
+    redis_sweep.read_pages = counted  # type: ignore[assignment]
     try:
         for round_ in range(QUIET_ROUNDS + 1):
             for pending, stream in cases.items():
@@ -179,11 +211,11 @@ async def quiet_scan(stores: Stores, consumers: int, big: int) -> None:
                     settings=settings(stores, stream, agents, 300_000),
                 )
                 if report.reclaimed or report.consumers_down or report.pending != pending:
-                    raise BenchError(f"the quiet scan was not quiet: {report.to_json()}")
+                    raise BenchError(f"the quiet scan was not quiet: {report}")
                 if round_:
                     runs[pending].append((time.perf_counter() - started) * 1000)
     finally:
-        redis_sweep.sweep_pages = original  # type: ignore[assignment]
+        redis_sweep.read_pages = original  # type: ignore[assignment]
     small, large = harness.median(runs[100]), harness.median(runs[big])
     print(
         f"\nquiet scan, reap_once in process: {consumers:,} live consumers, nothing stale; "
@@ -212,12 +244,14 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50000/50, quiet 1,000 / 100,000")
-    parser.add_argument("--shapes", help="entries/consumers,... (200000/200,1000000/1000)")
+    parser.add_argument(
+        "--shapes", help="entries/dead consumers+live ones,... (200000/200+1,1000000/1000+1)"
+    )
     parser.add_argument("--quiet-consumers", type=int, help="10,000 (0: skip the quiet scan)")
     parser.add_argument("--quiet-pending", type=int, help="the big quiet case (1,000,000)")
     args = parser.parse_args()
     quick = args.quick
-    shapes = args.shapes or ("50000/50" if quick else "200000/200,1000000/1000")
+    shapes = args.shapes or ("50000/50+1" if quick else "200000/200+1,1000000/1000+1")
     args.shapes = [Shape.parse(spec) for spec in shapes.split(",")]
     if args.quiet_consumers is None:
         args.quiet_consumers = 1_000 if quick else 10_000

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
@@ -47,35 +48,29 @@ async def read_pages(
 
     An owner whose page Redis refused (the group or stream is gone) is logged and left out.
     """
-    async with client.pipeline(transaction=False) as pipe:
+    async with _raw_pipeline(client) as pipe:
         for owner, request in pages.items():
-            pipe.xpending_range(
-                stream,
-                group,
-                min=request.start,
-                max="+",
-                count=count,
-                consumername=owner,
-                idle=request.min_idle_ms,
-            )
+            pipe.execute_command(
+                "XPENDING", stream, group, "IDLE", request.min_idle_ms, request.start, "+",
+                count, owner,
+            )  # fmt: skip
         replies = await pipe.execute(raise_on_error=False)
     read: dict[ConsumerName, Page] = {}
     for owner, reply in zip(pages, replies, strict=True):
         if isinstance(reply, ResponseError):
             logger.info("Pending list of %s in %s/%s skipped: %s", owner, stream, group, reply)
             continue
-        entries = [
-            PendingEntry(
-                EntryId(row["message_id"]),
-                owner,
-                row["time_since_delivered"],
-                row["times_delivered"],
-            )
-            for row in reply
-        ]
+        # A row is [id, consumer, idle ms, deliveries]: PendingEntry's own order.
+        entries = [PendingEntry._make(row) for row in reply]
         last = entries[-1].id if len(entries) == count else None
         read[owner] = Page(entries, None if last is None else "(" + last)
     return read
+
+
+def _raw_pipeline(client: Redis) -> Pipeline:
+    """A pipeline on `client`'s connections whose replies are left as Redis sends them (no
+    response callbacks): a page is read without building a dict per entry."""
+    return Pipeline(client.connection_pool, {}, transaction=False, shard_hint=None)
 
 
 class ClaimBatch(NamedTuple):
