@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-
-import pytest
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_streams

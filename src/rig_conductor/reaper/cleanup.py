@@ -1,22 +1,20 @@
 """Consumer hygiene after a scan: delete the consumers whose pod is gone and that hold nothing.
 
-Which consumers qualify is `policy.hygiene`'s decision; this module reads what it needs, has
-Redis delete them (guarded against an entry arriving meanwhile) and logs `[ConsumerHygiene]`.
+Which consumers qualify is `policy.hygiene`'s decision, made on the scan's own reading of the
+groups and the evidence; this module has Redis delete them (guarded against an entry arriving
+meanwhile) and logs `[ConsumerHygiene]`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState
+from rig_conductor.domain import Evidence, GroupInfo, Limits
 from rig_conductor.policy import hygiene
-from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -77,31 +75,3 @@ async def remove_consumers(
             },
         )
     return done
-
-
-async def sweep_consumers(
-    *,
-    redis: Redis,
-    engine: AsyncEngine,
-    settings: Settings,
-    pods: Mapping[ConsumerName, PodState],
-    dry_run: bool | None = None,
-) -> list[hygiene.ConsumerRemoval]:
-    """`remove_consumers` on a reading of its own, for a clean-up outside a scan.
-
-    Use the `pods` mapping of the same moment. Without any gone pod it does nothing at all.
-    """
-    if not any(state in (PodState.GONE, PodState.ABSENT) for state in pods.values()):
-        return []
-    streams = await redis_streams.resolve_streams(redis, names=settings.streams)
-    groups = await redis_streams.describe_groups(redis, streams=streams)
-    evidence = await queries.load_evidence(
-        engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
-    )
-    return await remove_consumers(
-        redis=redis,
-        groups=groups,
-        evidence=evidence,
-        limits=settings.limits,
-        dry_run=settings.dry_run if dry_run is None else dry_run,
-    )

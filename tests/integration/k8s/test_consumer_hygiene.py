@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import pytest
 from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import AgentId, ConsumerName, GroupName, StreamKey
+from rig_conductor.domain import AgentId, ConsumerName, GroupName, PodState, StreamKey
 from rig_conductor.policy.hygiene import ConsumerRemoval
-from rig_conductor.reaper.cleanup import delete_consumers, sweep_consumers
+from rig_conductor.reaper.cleanup import delete_consumers, remove_consumers
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
@@ -40,6 +41,23 @@ async def beat(engine: AsyncEngine, *consumers: str) -> None:
         engine,
         tenant="default",
         heartbeats=[queries.HeartbeatIn(AgentId("dev-e"), ConsumerName(c)) for c in consumers],
+    )
+
+
+async def sweep(
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Settings,
+    pods: Mapping[ConsumerName, PodState],
+    dry_run: bool = False,
+) -> list[ConsumerRemoval]:
+    """The clean-up as a scan runs it: on the scan's reading of the groups and evidence."""
+    groups = await redis_streams.describe_groups(redis, streams=[StreamKey(S)])
+    evidence = await queries.load_evidence(
+        engine, tenant="default", configured_agents=settings.agent_ids, pods=pods
+    )
+    return await remove_consumers(
+        redis=redis, groups=groups, evidence=evidence, limits=settings.limits, dry_run=dry_run
     )
 
 
@@ -76,13 +94,11 @@ async def test_deletes_only_empty_consumers_of_gone_pods_with_stale_heartbeats(
     pods = await scene(redis, engine, kube, api)
     evidence = await pods.scan()
 
-    planned = await sweep_consumers(
-        redis=redis, engine=engine, settings=settings, pods=evidence, dry_run=True
-    )
+    planned = await sweep(redis, engine, settings, evidence, dry_run=True)
     assert [r.consumer for r in planned] == [SCALED_DOWN]
     assert SCALED_DOWN in await consumers(redis)
 
-    deleted = await sweep_consumers(redis=redis, engine=engine, settings=settings, pods=evidence)
+    deleted = await sweep(redis, engine, settings, evidence)
     assert [r.consumer for r in deleted] == [SCALED_DOWN]
     assert await consumers(redis) == {HOLDS_WORK, RUNNING, JUST_HEARTBEATED, OUTSIDE}
 
@@ -98,7 +114,7 @@ async def test_a_failed_pod_list_deletes_nothing(
     kube.inject(Fault("pods-list", status=403))
     evidence = await pods.scan()
     assert evidence == {}
-    assert await sweep_consumers(redis=redis, engine=engine, settings=settings, pods=evidence) == []
+    assert await sweep(redis, engine, settings, evidence) == []
     assert SCALED_DOWN in await consumers(redis)
 
 
