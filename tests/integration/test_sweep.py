@@ -82,8 +82,15 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             min_idle_ms=dict.fromkeys(assessment.rules, 0),
         )
         expected = reclaim.plan_reclaims(assessment, entries)
-        swept = await moves.sweep_group(any_redis, assessment, dry_run=False, page_size=7)
-        moved = {i: target for (_, target), got in swept.moved.items() for i in got}
+        moved: dict[str, str] = {}
+        swept = await moves.sweep_group(
+            any_redis,
+            assessment,
+            dry_run=False,
+            page_size=7,
+            on_moved=lambda _, target, ids, heard=moved: heard.update(dict.fromkeys(ids, target)),
+        )
+        assert swept.reclaimed == len(moved)
         assert sorted(moved) == sorted(m.entry.id for m in expected.moves), f"round {round_}"
         worn = sorted(e.id for e in swept.worn)
         assert worn == sorted(e.id for e in expected.dead_letters), f"round {round_}"

@@ -9,6 +9,7 @@ writes the `[StreamReclaim]` log lines and records what it did in the event log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -261,12 +262,18 @@ async def _apply(
     metrics: Metrics | None,
 ) -> GroupOutcome:
     if report.dry_run:
-        swept = await moves.sweep_group(redis, assessment, dry_run=True, timing=report.timing)
+        swept = await moves.sweep_group(
+            redis,
+            assessment,
+            dry_run=True,
+            timing=report.timing,
+            on_moved=functools.partial(journal.log_would_move, assessment),
+        )
         outcome = _outcome(assessment, swept)
         journal.log_held(assessment)
         journal.log_no_target(assessment, swept.no_target)
         outcome.dead_lettered = len(swept.worn)
-        journal.log_dry_run(assessment, swept)
+        journal.log_would_dead_letter(assessment, swept.worn)
         return outcome
     # The moves are logged and recorded as they happen, and recorded even when the sweep
     # fails half-way: what moved must be in the event log.
@@ -310,7 +317,7 @@ def _count(
 ) -> None:
     stream, group = assessment.stream, assessment.group
     agents = {t.consumer: t.agent for t in assessment.targets}
-    for (owner, target), ids in swept.moved.items():
+    for (owner, target), count in swept.moved.items():
         rule = assessment.rules[owner]
         metrics.reclaimed.labels(
             stream,
@@ -318,7 +325,7 @@ def _count(
             rule.agent or UNKNOWN_AGENT,
             agents.get(target) or UNKNOWN_AGENT,
             rule.reason,
-        ).inc(len(ids))
+        ).inc(count)
     if outcome.dead_lettered:
         metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
     if outcome.no_target:
@@ -328,12 +335,12 @@ def _count(
 def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> GroupOutcome:
     outcome = GroupOutcome(stream=assessment.stream, group=assessment.group)
     by_reason = outcome.reclaimed_by_reason
-    for (owner, target), ids in swept.moved.items():
+    for (owner, target), count in swept.moved.items():
         reason = assessment.rules[owner].reason
-        outcome.targets[target] = outcome.targets.get(target, 0) + len(ids)
-        by_reason[reason] = by_reason.get(reason, 0) + len(ids)
-        outcome.changes[owner] -= len(ids)
-        outcome.changes[target] += len(ids)
+        outcome.targets[target] = outcome.targets.get(target, 0) + count
+        by_reason[reason] = by_reason.get(reason, 0) + count
+        outcome.changes[owner] -= count
+        outcome.changes[target] += count
     outcome.reclaimed = swept.reclaimed
     outcome.no_target = sum(swept.no_target.values())
     outcome.degraded_held = sum(assessment.held.values())

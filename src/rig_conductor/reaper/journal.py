@@ -232,26 +232,30 @@ def log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerNam
         )
 
 
-def log_dry_run(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
-    stream = assessment.stream
-    for entry in swept.worn:
+def log_would_dead_letter(assessment: reclaim.GroupAssessment, worn: list[PendingEntry]) -> None:
+    for entry in worn:
         logger.info(
             "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
             entry.id,
-            stream,
+            assessment.stream,
             entry.deliveries,
         )
+
+
+def log_would_move(
+    assessment: reclaim.GroupAssessment,
+    owner: ConsumerName,
+    target: ConsumerName,
+    ids: list[EntryId],
+) -> None:
+    """A dry run's line per entry it would move, a page at a time."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    for (owner, target), ids in swept.moved.items():
-        reason = assessment.rules[owner].reason
-        for entry_id in ids:
-            logger.info(
-                "[StreamReclaim] DRY RUN: would reclaim %s on %s: %s -> %s (%s)",
-                entry_id,
-                stream,
-                owner,
-                target,
-                reason,
-                extra={"reason": reason},
-            )
+    reason = assessment.rules[owner].reason
+    tail = f" on {assessment.stream}: {owner} -> {target} ({reason})"
+    for start in range(0, len(ids), LOG_PAGE):
+        batch = ids[start : start + LOG_PAGE]
+        sentences = [
+            f"[StreamReclaim] DRY RUN: would reclaim {entry_id}{tail}" for entry_id in batch
+        ]
+        logs.log_lines(logger, logging.INFO, logs.Lines(sentences, {"reason": reason}))

@@ -39,8 +39,8 @@ Unit = dict[ConsumerName, PageRequest]
 class GroupSweep:
     """What the moves of one group did (in a dry run: would do)."""
 
-    # (owner, target) -> the entries moved from one to the other, in the order they moved.
-    moved: dict[tuple[ConsumerName, ConsumerName], list[EntryId]] = field(default_factory=dict)
+    # (owner, target) -> how many entries moved from one to the other (`on_moved` hears which).
+    moved: dict[tuple[ConsumerName, ConsumerName], int] = field(default_factory=dict)
     # Qualifying entries worn out, with the count that decided it: for the dead-letter path.
     worn: list[PendingEntry] = field(default_factory=list)
     # Per owner, qualifying entries left in place because no target could take them.
@@ -50,7 +50,7 @@ class GroupSweep:
 
     @property
     def reclaimed(self) -> int:
-        return sum(len(ids) for ids in self.moved.values())
+        return sum(self.moved.values())
 
 
 def _no_timing(phase: str) -> AbstractContextManager[None]:
@@ -69,7 +69,7 @@ async def sweep_group(
     """Apply every owner rule of `assessment` to its whole pending list.
 
     `timing(phase)` wraps the Redis work of each phase (`read`, `claim`) for the scan report;
-    `on_moved` hears of every stretch of entries that moved (not in a dry run). The first
+    `on_moved` hears of every stretch of entries that moved (in a dry run: would move). The first
     failure ends the sweep once the work in flight is done, and is raised; what moved before
     it has been handed to `on_moved`.
     """
@@ -162,6 +162,7 @@ class _Sweep:
             self.spread.took(claim.target, -left)  # the guard left these where they were
             result.skipped += left
             if ids:
-                result.moved.setdefault((claim.owner, claim.target), []).extend(ids)
-                if self.on_moved is not None and not self.dry_run:
+                key = (claim.owner, claim.target)
+                result.moved[key] = result.moved.get(key, 0) + len(ids)
+                if self.on_moved is not None:
                     self.on_moved(claim.owner, claim.target, ids)
