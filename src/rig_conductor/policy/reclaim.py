@@ -65,11 +65,28 @@ class OwnerRule:
     last_heartbeat_at: datetime | None = None
 
     def decide(self, entry: PendingEntry) -> Literal["move", "dead", "leave"]:
-        if entry.id not in self.due and (entry.idle_ms < self.min_idle_ms or entry.id in self.keep):
-            return "leave"  # fresh: the owner may still be working on it
-        if self.deliveries(entry) >= self.max_deliveries:
-            return "dead"
-        return "move"
+        move, dead = self.sort((entry,))
+        return "move" if move else "dead" if dead else "leave"
+
+    def sort(
+        self, entries: Iterable[PendingEntry]
+    ) -> tuple[list[PendingEntry], list[PendingEntry]]:
+        """The owner's `entries` that move, and those worn out (each with the count that
+        decided it); the others stay: fresh, the owner may still be working on them. One pass
+        over a page, as the scan reads them."""
+        due, keep, worn = self.due, self.keep, self.worn
+        min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
+        move: list[PendingEntry] = []
+        dead: list[PendingEntry] = []
+        for entry in entries:
+            if entry.id not in due and (entry.idle_ms < min_idle or entry.id in keep):
+                continue
+            count = max(entry.deliveries, worn.get(entry.id, 0)) if worn else entry.deliveries
+            if count >= max_deliveries:
+                dead.append(entry._replace(deliveries=count))
+            else:
+                move.append(entry)
+        return move, dead
 
     @property
     def read_idle_ms(self) -> int:
@@ -368,13 +385,8 @@ def plan_reclaims(
     dead: list[PendingEntry] = []
     pools: dict[PoolKey, list[tuple[ConsumerName, list[PendingEntry]]]] = {}
     for owner, rule in rules.items():
-        movable: list[PendingEntry] = []
-        for entry in by_owner[owner]:
-            verdict = rule.decide(entry)
-            if verdict == "move":
-                movable.append(entry)
-            elif verdict == "dead":
-                dead.append(entry._replace(deliveries=rule.deliveries(entry)))
+        movable, worn = rule.sort(by_owner[owner])
+        dead.extend(worn)
         if movable:
             pools.setdefault(spread.pool_key(rule), []).append((owner, movable))
     claims: list[Claim] = []
