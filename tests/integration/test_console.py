@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -16,80 +15,35 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events
-from rig_conductor.app import create_app
 from rig_conductor.console import session
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register
-
-S, G = "rig:dispatch", "workers"
-OPERATOR, VIEWER, AGENT = "op-secret", "view-secret", "agent-secret"
+from .console_kit import (
+    AGENT,
+    OPERATOR,
+    VIEWER,
+    G,
+    S,
+    builder,
+    client_of,
+    csrf_of,
+    sign_in,
+    stuck,
+)
+from .helpers import owners, register
 
 
 @pytest.fixture
 def build(
     make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
 ) -> Callable[..., FastAPI]:
-    def make(**overrides: Any) -> FastAPI:
-        values: dict[str, Any] = {
-            "agent_ids": ("dev-e", "qa-e"),
-            "streams": (S,),
-            "dispatch_stream": S,
-            "operator_tokens": OPERATOR,
-            "viewer_tokens": VIEWER,
-            "api_tokens": AGENT,
-            "entry_stale_ms": 0,
-        }
-        values.update(overrides)
-        return create_app(make_settings(**values), schedule_reaper=False)
-
-    return make
-
-
-async def _client(app: FastAPI, base: str = "http://c") -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=base) as client:
-            yield client
+    return builder(make_settings)
 
 
 @pytest.fixture
 async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client(build()):
+    async for client in client_of(build()):
         yield client
-
-
-async def sign_in(client: httpx.AsyncClient, token: str) -> str:
-    """Sign in; returns the CSRF token of the overview page."""
-    answer = await client.post("/ui/login", data={"token": token})
-    assert answer.status_code == 303, answer.text
-    page = await client.get("/ui")
-    assert page.status_code == 200
-    return csrf_of(page.text)
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert found, "no CSRF token on the page"
-    return found.group(1)
-
-
-async def heartbeat(client: httpx.AsyncClient, agent: str, consumer: str) -> None:
-    answer = await client.post(
-        "/api/events",
-        json={"type": "HEARTBEAT", "agentId": agent, "consumer": consumer},
-        headers={"Authorization": f"Bearer {AGENT}"},
-    )
-    assert answer.status_code == 202
-
-
-async def stuck(redis: Redis, client: httpx.AsyncClient, n: int = 5) -> list[str]:
-    """dev-e-0 (no heartbeat: down) holds `n` entries; qa-e-0 heartbeats and holds none."""
-    await fill(redis, S, G, n)
-    held = await read(redis, S, G, "dev-e-0", n)
-    await register(redis, S, G, "qa-e-0")
-    await heartbeat(client, "qa-e", "qa-e-0")
-    return held
 
 
 async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
@@ -196,11 +150,11 @@ async def test_a_viewer_sees_everything_and_may_change_nothing(
 async def test_agent_tokens_act_only_without_operator_tokens(
     build: Callable[..., FastAPI], redis: Redis
 ) -> None:
-    async for console in _client(build()):
+    async for console in client_of(build()):
         csrf = await sign_in(console, AGENT)
         answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
         assert answer.status_code == 403 and "agent" in answer.text
-    async for console in _client(build(operator_tokens="")):
+    async for console in client_of(build(operator_tokens="")):
         csrf = await sign_in(console, AGENT)
         answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
         assert answer.status_code == 200 and "Scan done" in answer.text
@@ -410,7 +364,7 @@ async def test_an_open_console_needs_no_sign_in_but_still_a_csrf_token(
     build: Callable[..., FastAPI], redis: Redis
 ) -> None:
     app = build(operator_tokens="", viewer_tokens="", api_tokens="")
-    async for console in _client(app):
+    async for console in client_of(app):
         assert (await console.get("/ui/login")).status_code == 303
         page = await console.get("/ui/scan")
         assert page.status_code == 200 and "anonymous" in page.text

@@ -3,11 +3,10 @@ uPlot for the time series, all served from the package (nothing from a CDN)."""
 
 from __future__ import annotations
 
-import html
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,6 +16,7 @@ from rig_conductor.console import actions, pages, web
 
 def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.state.console_tokens = tokens
+    app.state.error_pages = web.problem  # the API's error handlers answer /ui with these
     app.add_middleware(ServerTiming)
     app.mount("/ui/static", StaticFiles(directory=web.STATIC), name="console-static")
     app.include_router(actions.router, prefix="/ui")
@@ -29,14 +29,12 @@ async def _sign_in(request: Request, exc: Exception) -> Response:
     if request.method == "GET":
         here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return web.redirect(request, "/login", next=here)
-    return HTMLResponse("sign in first", status_code=401)
+    return web.problem(request, 401, "Your session has ended: sign in again.")
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, web.Refused)
-    return HTMLResponse(
-        f"<p>{html.escape(exc.detail)}</p>", status_code=exc.status, headers=web.SECURITY_HEADERS
-    )
+    return web.problem(request, exc.status, exc.detail)
 
 
 class ServerTiming:

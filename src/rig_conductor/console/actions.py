@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, Response
 
+from rig_conductor import domain
 from rig_conductor.console import session, web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
@@ -61,8 +62,8 @@ async def requeue(
     you: SessionDep,
     stream: Field,
     csrf: Csrf = None,
-    ids: Annotated[list[str] | None, Form()] = None,
-    one: Annotated[str | None, Form()] = None,
+    ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
+    one: Annotated[web.EntryIdText | None, Form()] = None,
     all_matching: Annotated[bool, Form()] = False,
     q: Field = "",
     reason: Field = "",
@@ -82,8 +83,8 @@ async def delete(
     you: SessionDep,
     stream: Field,
     csrf: Csrf = None,
-    ids: Annotated[list[str] | None, Form()] = None,
-    one: Annotated[str | None, Form()] = None,
+    ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
+    one: Annotated[web.EntryIdText | None, Form()] = None,
     all_matching: Annotated[bool, Form()] = False,
     q: Field = "",
     reason: Field = "",
@@ -145,8 +146,12 @@ async def move(
     seen = []
     for item in entries or []:
         entry_id, _, idle = item.partition("@")
+        try:
+            domain.entry_id(entry_id)
+        except ValueError:
+            raise web.Refused(400, f"not an entry of the page: {item[:80]}") from None
         if not idle.isdigit():
-            return HTMLResponse(f"malformed entry {item!r}", status_code=422)
+            raise web.Refused(400, f"not an entry of the page: {item[:80]}")
         seen.append(moves.Seen(entry_id, int(idle)))
     try:
         moved = await moves.move(

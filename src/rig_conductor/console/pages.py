@@ -66,7 +66,7 @@ async def pending(
     stream: Text,
     group: Text,
     consumer: Text,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
     try:
@@ -114,7 +114,7 @@ async def dead_letters(
     stream: Text = "",
     q: Text = "",
     reason: Text = "",
-    before: Annotated[str | None, Query(max_length=64)] = None,
+    before: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
     key = StreamKey(stream or rt.settings.dispatch_stream)

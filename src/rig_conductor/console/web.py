@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import AfterValidator
 
-from rig_conductor import __version__, roles
+from rig_conductor import __version__, domain, roles
 from rig_conductor.console import session
 from rig_conductor.runtime import Runtime
 
@@ -36,12 +37,18 @@ SECURITY_HEADERS = {
 }
 
 
+# A stream entry id in a form or a query (ids, cursors): a bad one is a 400 page, never sent on.
+EntryIdText = Annotated[str, AfterValidator(domain.entry_id)]
+PROBLEMS = {400: "Bad request", 401: "Sign in first", 403: "Not allowed", 404: "Not found"}
+
+
 class SignInRequired(Exception):
     """No valid session: the page redirects to the sign-in form."""
 
 
 class Refused(Exception):
-    """An action refused (403: no CSRF token, or a role that may not change things)."""
+    """A request refused: 400 (bad input), 403 (no CSRF token, or a role that may not change
+    things). Answered with `problem`."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -122,6 +129,17 @@ def page(
     if new_cookie:
         set_cookie(request, response, new_cookie)
     return response
+
+
+def problem(request: Request, status: int, message: str) -> HTMLResponse:
+    """An error as a page of its own (no session needed): the message is escaped."""
+    body = templates.get_template("problem.html").render(
+        heading=PROBLEMS.get(status, "Sorry"),
+        message=message,
+        home=url(request, ""),
+        static=lambda name: url(request, f"/static/{name}"),
+    )
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
 def set_cookie(request: Request, response: Response, value: str) -> None:

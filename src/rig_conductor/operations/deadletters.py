@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 
 from rig_conductor import roles
-from rig_conductor.adapters import redis_inspect, redis_streams
+from rig_conductor.adapters import failures, redis_inspect, redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis_streams import DeadLetter
 from rig_conductor.domain import StreamKey
@@ -48,9 +48,10 @@ async def find(
     found: list[DeadLetter] = []
     cursor = before
     while len(found) < count:
-        page, next_cursor = await redis_inspect.dead_letter_page(
-            rt.redis, stream=stream, before=cursor, count=SCAN_PAGE
-        )
+        with failures.named_by_request():
+            page, next_cursor = await redis_inspect.dead_letter_page(
+                rt.redis, stream=stream, before=cursor, count=SCAN_PAGE
+            )
         for letter in page:
             if where.matches(letter):
                 found.append(letter)
@@ -62,11 +63,18 @@ async def find(
     return found, cursor
 
 
+async def newest(rt: Runtime, *, stream: StreamKey, count: int) -> list[DeadLetter]:
+    """The newest `count` dead letters of `stream`, newest first."""
+    with failures.named_by_request():
+        return await redis_streams.list_dead_letters(rt.redis, stream=stream, count=count)
+
+
 async def requeue(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> str | None:
     """Put the letter back on its stream; the new entry's id, None when there is no letter."""
-    done = await redis_streams.requeue(rt.redis, stream=stream, dlq_id=dlq_id)
+    with failures.named_by_request():
+        done = await redis_streams.requeue(rt.redis, stream=stream, dlq_id=dlq_id)
     if done is None:
         return None
     entry_id, issue_id = done
@@ -98,12 +106,15 @@ async def delete(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> bool:
     """Drop the letter for good; False when there is no such letter."""
-    letters = await redis_streams.list_dead_letters(rt.redis, stream=stream, count=1, before=dlq_id)
-    letter = letters[0] if letters and letters[0].dlq_id == dlq_id else None
-    if letter is None or not await redis_inspect.delete_dead_letter(
-        rt.redis, stream=stream, dlq_id=dlq_id
-    ):
-        return False
+    with failures.named_by_request():
+        letters = await redis_streams.list_dead_letters(
+            rt.redis, stream=stream, count=1, before=dlq_id
+        )
+        letter = letters[0] if letters and letters[0].dlq_id == dlq_id else None
+        if letter is None or not await redis_inspect.delete_dead_letter(
+            rt.redis, stream=stream, dlq_id=dlq_id
+        ):
+            return False
     await queries.append_events(
         rt.engine,
         tenant=rt.settings.tenant,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from rig_conductor.adapters import redis_inspect, redis_reading
+from rig_conductor.adapters import failures, redis_inspect, redis_reading
 from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, GroupName, StreamKey
 from rig_conductor.policy.liveness import Fleet, age_ms
@@ -123,7 +123,8 @@ def _agent_summary(known: Evidence, fleet: Fleet) -> AgentSummary:
 
 async def group(rt: Runtime, *, stream: str, name: str) -> tuple[GroupInfo, list[ConsumerRow]]:
     """One group with its consumers judged; LookupError when there is no such group."""
-    reading = await redis_reading.read(rt.servers(), [stream])
+    with failures.named_by_request():
+        reading = await redis_reading.read(rt.servers(), [stream])
     found = next((g for g in reading.groups if g.name == name and g.stream == stream), None)
     if found is None:
         raise LookupError(f"no group {name!r} on stream {stream!r}")
@@ -162,12 +163,13 @@ async def pending(
 ) -> tuple[list[redis_inspect.PendingRow], int]:
     """A page of the consumer's pending entries, and Redis's TIME just after reading them (a
     move by hand guards each entry with its idle time then plus the time since)."""
-    rows = await redis_inspect.pending_page(
-        rt.redis,
-        stream=StreamKey(stream),
-        group=GroupName(group),
-        consumer=ConsumerName(consumer),
-        after=after,
-        count=count,
-    )
+    with failures.named_by_request():
+        rows = await redis_inspect.pending_page(
+            rt.redis,
+            stream=StreamKey(stream),
+            group=GroupName(group),
+            consumer=ConsumerName(consumer),
+            after=after,
+            count=count,
+        )
     return rows, await redis_inspect.server_time_ms(rt.redis)
