@@ -98,20 +98,19 @@ class Tokens:
         return caller.role is Role.AGENT and not self.has_operators
 
 
-def api_need(method: str, path: str, query: bytes) -> Need:
-    """What a request under /api asks to do, from its method, path and query alone."""
+# A scan asks to change things unless it is a dry run, which only the route knows for sure: it
+# reads `dryRun` as FastAPI parsed it (`POST ...?dryRun=true&dryRun=false` is a real scan).
+# The guard lets any valid token through to it; the route asks for CHANGE itself.
+SCAN_PATH = "/api/reaper/scan"
+
+
+def api_need(method: str, path: str) -> Need:
+    """What a request under /api asks to do, from its method and path alone (for a scan: the
+    least it may ask; the route checks the rest)."""
     if method in ("GET", "HEAD", "OPTIONS"):
         return Need.READ
     if path == "/api/events":
         return Need.REPORT
-    if path == "/api/reaper/scan" and _dry_run(query):
+    if path == SCAN_PATH:
         return Need.READ
     return Need.CHANGE
-
-
-def _dry_run(query: bytes) -> bool:
-    for pair in query.split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name == b"dryRun":
-            return value.lower() in (b"true", b"t", b"1", b"yes", b"y", b"on")
-    return False

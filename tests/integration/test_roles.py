@@ -12,9 +12,11 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.postgres.tables import events, scan_reports
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register
 
 S = "rig:dispatch"
 AGENT, OPERATOR, VIEWER = "agent-tok", "operator-tok", "viewer-tok"
@@ -100,6 +102,37 @@ async def test_each_role_may_do_what_the_contract_says(
         assert await redis.xlen(f"{S}:dlq") == 1  # nothing refused changed anything
         done = await api.post("/api/deadletters/requeue", json=body, headers=bearer(OPERATOR))
         assert done.status_code == 201
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "dryRun=true&dryRun=false",  # the guard once read the first, FastAPI binds the last
+        "dryRun=false&dryRun=true&dryRun=0",
+        "dryRun=TRUE&dryRun=no",
+        "dryRun=%74rue&dryRun=off",
+    ],
+)
+async def test_a_repeated_dry_run_cannot_slip_a_real_scan_past_the_role_check(
+    build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine, query: str
+) -> None:
+    await fill(redis, S, "workers", 3)
+    await read(redis, S, "workers", "dev-e-0", 3)  # dev-e never heartbeats: down
+    await register(redis, S, "workers", "dev-e-1")
+    app = build(api_tokens=AGENT, operator_tokens=OPERATOR, viewer_tokens=VIEWER, entry_stale_ms=0)
+    async for api in _client(app):
+        for token in (VIEWER, AGENT):
+            answer = await api.post(f"/api/reaper/scan?{query}", headers=bearer(token))
+            assert answer.status_code == 403, answer.text
+        assert set((await owners(redis, S, "workers")).values()) == {"dev-e-0"}
+        async with engine.connect() as conn:
+            scans = (await conn.execute(select(scan_reports))).all()
+        assert scans == []  # refused before any scan ran
+        # The value the route parsed decides for everyone: the last one.
+        last_true = await api.post(
+            "/api/reaper/scan?dryRun=false&dryRun=true", headers=bearer(VIEWER)
+        )
+        assert last_true.status_code == 200 and last_true.json()["dryRun"] is True
 
 
 async def test_without_operator_tokens_agent_tokens_may_change_things(

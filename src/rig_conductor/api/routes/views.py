@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
+from rig_conductor import roles
 from rig_conductor.adapters import redis_reading
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.api import schemas
-from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.api.deps import Runtime, caller, require, runtime
 from rig_conductor.domain import AgentId
 from rig_conductor.policy import agents as agent_policy
 
@@ -78,11 +79,21 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
     "/reaper/scan",
     response_model=schemas.ScanReportView,
     response_model_by_alias=True,
-    responses={409: {"model": schemas.Problem, "description": "not the active reaper"}},
+    responses={
+        403: {
+            "model": schemas.Problem,
+            "description": "a real scan asked by a role that may not change things",
+        },
+        409: {"model": schemas.Problem, "description": "not the active reaper"},
+    },
 )
 async def scan_now(
     rt: Annotated[Runtime, Depends(runtime)],
+    who: Annotated[roles.Caller, Depends(caller)],
     dry_run: Annotated[bool, Query(alias="dryRun")] = False,
 ) -> schemas.ScanReportView:
-    """Run one scan now (after any scan in progress) and return its report."""
+    """Run one scan now (after any scan in progress) and return its report. A dry run changes
+    nothing and any role may ask for one; a real scan is a change (operator tokens)."""
+    if not dry_run:
+        require(rt, who, roles.Need.CHANGE)
     return schemas.ScanReportView.model_validate(await rt.scan(dry_run))
