@@ -1,5 +1,6 @@
 """Reads and small changes for the operator console: one consumer's pending entries a page at a
-time, the fields of entries, dead-letter counts and pages, and deleting a dead letter.
+time, the fields of entries, dead-letter counts and pages, deleting a dead letter, and the
+markers of signed-out sessions.
 
 Every read is bounded: a page of a consumer's pending list is one `XPENDING ... <count>
 <consumer>` from a cursor (the consumer's own list, never the group's), however long it is.
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.adapters.redis_streams import DeadLetter, dlq_key, list_dead_letters
 from rig_conductor.domain import ConsumerName, GroupName, StreamKey
 
@@ -105,3 +107,14 @@ async def server_time_ms(client: AnyRedis) -> int:
     """Redis's own clock (TIME), in milliseconds: idle times are measured on it."""
     seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def revoke_session(client: AnyRedis, *, stream: StreamKey, nonce: str, ttl_ms: int) -> None:
+    """Mark a session signed out for `ttl_ms` (until it would have expired anyway)."""
+    key = redis_keys.revoked_session_key(stream, nonce, clustered=is_clustered(client))
+    await client.set(key, "1", px=max(1, ttl_ms))
+
+
+async def session_revoked(client: AnyRedis, *, stream: StreamKey, nonce: str) -> bool:
+    key = redis_keys.revoked_session_key(stream, nonce, clustered=is_clustered(client))
+    return bool(await client.exists(key))

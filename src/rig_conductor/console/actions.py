@@ -13,7 +13,7 @@ from rig_conductor import domain
 from rig_conductor.console import session, web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
-from rig_conductor.operations import deadletters, moves, scans
+from rig_conductor.operations import deadletters, moves, scans, sessions
 
 router = APIRouter(include_in_schema=False)
 
@@ -51,6 +51,7 @@ async def login(
 async def logout(request: Request, you: SessionDep, csrf: Csrf = None) -> Response:
     if not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
         raise web.Refused(403, "missing or invalid CSRF token; reload the page")
+    await sessions.sign_out(web.runtime(request), you.caller, nonce=you.nonce, expires=you.expires)
     response = web.redirect(request, "/login")
     response.delete_cookie(session.COOKIE, path=web.url(request, ""))
     return response

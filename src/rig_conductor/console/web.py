@@ -15,6 +15,7 @@ from pydantic import AfterValidator
 
 from rig_conductor import __version__, domain, roles
 from rig_conductor.console import session
+from rig_conductor.operations import sessions
 from rig_conductor.runtime import Runtime
 
 HERE = Path(__file__).parent
@@ -73,11 +74,12 @@ def url(request: Request, path: str, **query: Any) -> str:
     return f"{root}/ui{path}" + (f"?{urlencode(params)}" if params else "")
 
 
-def current(request: Request) -> session.Session:
-    """The request's session; SignInRequired without one. An open console (no tokens at all)
-    has no sign-in: the visitor gets an anonymous session, set on the response by `page`."""
+async def current(request: Request) -> session.Session:
+    """The request's session; SignInRequired without one, or for one signed out. An open
+    console (no tokens at all) has no sign-in: the visitor gets an anonymous session, set on
+    the response by `page`."""
     found = session.read(tokens(request), request.cookies.get(session.COOKIE))
-    if found is not None:
+    if found is not None and not await sessions.signed_out(runtime(request), nonce=found.nonce):
         return found
     if tokens(request).open:
         fresh, cookie = session.anonymous()

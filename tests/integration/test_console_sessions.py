@@ -1,0 +1,138 @@
+"""The console's sessions over HTTP (real app, Redis and PostgreSQL): signing in and out, the
+cookie, CSRF on every change, and the open console."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.console import session
+from rig_conductor.settings import Settings
+
+from .console_kit import OPERATOR, VIEWER, S, builder, client_of, csrf_of, sign_in
+
+
+@pytest.fixture
+def build(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> Callable[..., FastAPI]:
+    return builder(make_settings)
+
+
+@pytest.fixture
+async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
+    async for client in client_of(build()):
+        yield client
+
+
+async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
+    console: httpx.AsyncClient,
+) -> None:
+    first = await console.get("/ui/agents?x=1")
+    assert first.status_code == 303
+    assert first.headers["location"] == "/ui/login?next=%2Fui%2Fagents%3Fx%3D1"
+    wrong = await console.post("/ui/login", data={"token": "guess"})
+    assert wrong.status_code == 401 and "not valid" in wrong.text
+    assert session.COOKIE not in wrong.cookies
+    ok = await console.post("/ui/login", data={"token": VIEWER, "next": "/ui/agents?x=1"})
+    assert ok.status_code == 303 and ok.headers["location"] == "/ui/agents?x=1"
+    cookie = ok.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+    assert "Secure" not in cookie  # plain http here
+    assert VIEWER not in cookie
+    assert (await console.get("/ui/agents")).status_code == 200
+    # An open redirect is refused: `next` must stay inside the console.
+    elsewhere = await console.post("/ui/login", data={"token": VIEWER, "next": "//evil.example/"})
+    assert elsewhere.headers["location"] == "/ui"
+
+
+async def test_the_cookie_is_secure_behind_https(console: httpx.AsyncClient) -> None:
+    ok = await console.post(
+        "/ui/login", data={"token": VIEWER}, headers={"X-Forwarded-Proto": "https"}
+    )
+    assert "Secure" in ok.headers["set-cookie"]
+
+
+async def test_sign_out_forged_and_expired_sessions(
+    console: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await sign_in(console, OPERATOR)
+    cookie = console.cookies[session.COOKIE]
+    console.cookies.clear()
+    # A cookie whose signature does not hold, or made up, is no session.
+    payload, _, signature = cookie.partition(".")
+    for forged in (f"{payload}.{signature[::-1]}", "e30.e30", "garbage", cookie + "x"):
+        console.cookies.set(session.COOKIE, forged)
+        assert (await console.get("/ui")).status_code == 303
+        console.cookies.clear()
+    csrf = await sign_in(console, OPERATOR)
+    out = await console.post("/ui/logout", data={"csrf": csrf})
+    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+    assert (
+        'rig_session=""' in out.headers["set-cookie"] and "Max-Age=0" in out.headers["set-cookie"]
+    )
+    assert (await console.get("/ui")).status_code == 303
+    monkeypatch.setattr(session, "TTL_S", -1)
+    await console.post("/ui/login", data={"token": OPERATOR})
+    assert (await console.get("/ui")).status_code == 303  # expired at once
+
+
+async def test_actions_need_the_csrf_token(console: httpx.AsyncClient, redis: Redis) -> None:
+    csrf = await sign_in(console, OPERATOR)
+    dlq_id = await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
+    for data in ({"stream": S, "one": dlq_id}, {"stream": S, "one": dlq_id, "csrf": "x" * 64}):
+        answer = await console.post("/ui/deadletters/delete", data=data)
+        assert answer.status_code == 403 and "CSRF" in answer.text
+    assert await redis.xlen(f"{S}:dlq") == 1
+    ok = await console.post(
+        "/ui/deadletters/delete", data={"stream": S, "one": dlq_id, "csrf": csrf}
+    )
+    assert ok.status_code == 303 and "deleted+1" in ok.headers["location"]
+    assert await redis.xlen(f"{S}:dlq") == 0
+
+
+async def test_an_open_console_needs_no_sign_in_but_still_a_csrf_token(
+    build: Callable[..., FastAPI], redis: Redis
+) -> None:
+    app = build(operator_tokens="", viewer_tokens="", api_tokens="")
+    async for console in client_of(app):
+        assert (await console.get("/ui/login")).status_code == 303
+        page = await console.get("/ui/scan")
+        assert page.status_code == 200 and "anonymous" in page.text
+        assert (await console.post("/ui/scan", data={"apply": "true"})).status_code == 403
+        ok = await console.post("/ui/scan", data={"csrf": csrf_of(page.text), "apply": "true"})
+        assert ok.status_code == 200
+
+
+async def test_signing_out_ends_the_session_on_the_server(
+    build: Callable[..., FastAPI], redis: Redis
+) -> None:
+    """The cookie of a signed-out session, replayed (copied before the sign-out, or on another
+    replica), is sent to sign-in, and its CSRF token changes nothing."""
+    app, other_replica = build(), build()
+    async for console in client_of(app):
+        csrf = await sign_in(console, OPERATOR)
+        old = console.cookies[session.COOKIE]
+        dlq_id = await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
+        out = await console.post("/ui/logout", data={"csrf": csrf})
+        assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+        console.cookies.clear()
+        console.cookies.set(session.COOKIE, old)
+        replayed = await console.get("/ui/deadletters")
+        assert replayed.status_code == 303
+        assert replayed.headers["location"].startswith("/ui/login?next=")
+        forged = await console.post(
+            "/ui/deadletters/delete", data={"csrf": csrf, "stream": S, "one": dlq_id}
+        )
+        assert forged.status_code == 401 and await redis.xlen(f"{S}:dlq") == 1
+        # The mark lasts as long as the session would have, not longer.
+        [key] = [k async for k in redis.scan_iter(match="*console-revoked*")]
+        assert 0 < await redis.pttl(key) <= session.TTL_S * 1000
+    async for console in client_of(other_replica):
+        console.cookies.set(session.COOKIE, old)
+        assert (await console.get("/ui")).status_code == 303
