@@ -184,7 +184,12 @@ async def run(shape: ReclaimShape, dead_letters: int) -> int:
             try:
                 async with httpx.AsyncClient(base_url=url, timeout=60) as client:
                     await wait_ready(client, process)
-                    login = await client.post("/ui/login", data={"token": TOKEN})
+                    form = await client.get("/ui/login")
+                    csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                    login = await client.post(
+                        "/ui/login",
+                        data={"token": TOKEN, "csrf": csrf.group(1) if csrf else ""},
+                    )
                     if login.status_code != 303:
                         raise BenchError(f"sign-in answered {login.status_code}")
                     pending_q = f"stream={RECLAIM_STREAM}&group={GROUP}&consumer={dead_consumer}"

@@ -42,6 +42,7 @@ def test_helm_lint_rejects_wrong_types(tools: Tools) -> None:
     out = done.stdout + done.stderr
     assert done.returncode != 0, "the schema must reject tests/chart/bad-values.yaml"
     assert "replicaCount" in out and "entryStaleMs" in out, out  # for the schema's reasons
+    assert "sessionSecret" in out, out
 
 
 @pytest.mark.parametrize(

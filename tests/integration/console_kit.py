@@ -48,11 +48,22 @@ async def client_of(app: FastAPI, base: str = "http://c") -> AsyncIterator[httpx
 
 async def sign_in(client: httpx.AsyncClient, token: str, *, prefix: str = "") -> str:
     """Sign in through the form; returns the CSRF token of the overview page."""
-    answer = await client.post(f"{prefix}/ui/login", data={"token": token})
+    answer = await post_sign_in(client, {"token": token}, prefix=prefix)
     assert answer.status_code == 303, answer.text
     page = await client.get(f"{prefix}/ui")
     assert page.status_code == 200
     return csrf_of(page.text)
+
+
+async def post_sign_in(
+    client: httpx.AsyncClient, data: dict[str, str], *, prefix: str = "", **options: Any
+) -> httpx.Response:
+    """POST the sign-in form as a browser does: first GET it, for its CSRF token and cookie."""
+    form = await client.get(f"{prefix}/ui/login")
+    assert form.status_code == 200, form.text
+    return await client.post(
+        f"{prefix}/ui/login", data={"csrf": csrf_of(form.text), **data}, **options
+    )
 
 
 def csrf_of(html: str) -> str:

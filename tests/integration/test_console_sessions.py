@@ -3,18 +3,24 @@ cookie, CSRF on every change, and the open console."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.console import session
+from rig_conductor.operations import sessions
 from rig_conductor.settings import Settings
 
-from .console_kit import OPERATOR, VIEWER, S, builder, client_of, csrf_of, sign_in
+from .console_kit import OPERATOR, VIEWER, S, builder, client_of, csrf_of, post_sign_in, sign_in
+
+SECRET = "a-secret-shared-by-replicas-0123456789"
 
 
 @pytest.fixture
@@ -36,10 +42,10 @@ async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
     first = await console.get("/ui/agents?x=1")
     assert first.status_code == 303
     assert first.headers["location"] == "/ui/login?next=%2Fui%2Fagents%3Fx%3D1"
-    wrong = await console.post("/ui/login", data={"token": "guess"})
+    wrong = await post_sign_in(console, {"token": "guess"})
     assert wrong.status_code == 401 and "not valid" in wrong.text
     assert session.COOKIE not in wrong.cookies
-    ok = await console.post("/ui/login", data={"token": VIEWER, "next": "/ui/agents?x=1"})
+    ok = await post_sign_in(console, {"token": VIEWER, "next": "/ui/agents?x=1"})
     assert ok.status_code == 303 and ok.headers["location"] == "/ui/agents?x=1"
     cookie = ok.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
@@ -47,14 +53,12 @@ async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
     assert VIEWER not in cookie
     assert (await console.get("/ui/agents")).status_code == 200
     # An open redirect is refused: `next` must stay inside the console.
-    elsewhere = await console.post("/ui/login", data={"token": VIEWER, "next": "//evil.example/"})
+    elsewhere = await post_sign_in(console, {"token": VIEWER, "next": "//evil.example/"})
     assert elsewhere.headers["location"] == "/ui"
 
 
 async def test_the_cookie_is_secure_behind_https(console: httpx.AsyncClient) -> None:
-    ok = await console.post(
-        "/ui/login", data={"token": VIEWER}, headers={"X-Forwarded-Proto": "https"}
-    )
+    ok = await post_sign_in(console, {"token": VIEWER}, headers={"X-Forwarded-Proto": "https"})
     assert "Secure" in ok.headers["set-cookie"]
 
 
@@ -78,7 +82,7 @@ async def test_sign_out_forged_and_expired_sessions(
     )
     assert (await console.get("/ui")).status_code == 303
     monkeypatch.setattr(session, "TTL_S", -1)
-    await console.post("/ui/login", data={"token": OPERATOR})
+    await post_sign_in(console, {"token": OPERATOR})
     assert (await console.get("/ui")).status_code == 303  # expired at once
 
 
@@ -114,7 +118,7 @@ async def test_signing_out_ends_the_session_on_the_server(
 ) -> None:
     """The cookie of a signed-out session, replayed (copied before the sign-out, or on another
     replica), is sent to sign-in, and its CSRF token changes nothing."""
-    app, other_replica = build(), build()
+    app, other_replica = build(session_secret=SECRET), build(session_secret=SECRET)
     async for console in client_of(app):
         csrf = await sign_in(console, OPERATOR)
         old = console.cookies[session.COOKIE]
@@ -136,3 +140,77 @@ async def test_signing_out_ends_the_session_on_the_server(
     async for console in client_of(other_replica):
         console.cookies.set(session.COOKIE, old)
         assert (await console.get("/ui")).status_code == 303
+
+
+async def test_replicas_with_the_same_secret_share_sessions_and_others_do_not(
+    build: Callable[..., FastAPI],
+) -> None:
+    cookie = ""
+    async for first in client_of(build(session_secret=SECRET)):
+        await sign_in(first, OPERATOR)
+        cookie = first.cookies[session.COOKIE]
+    for secret, status in (
+        (SECRET, 200),
+        ("another-secret-of-another-deployment", 303),
+        (None, 303),
+    ):
+        async for replica in client_of(build(session_secret=secret)):
+            replica.cookies.set(session.COOKIE, cookie)
+            assert (await replica.get("/ui")).status_code == status, secret
+
+
+async def test_the_sign_in_form_needs_its_own_csrf_token(
+    console: httpx.AsyncClient, build: Callable[..., FastAPI]
+) -> None:
+    """Another site cannot sign a browser in (with the other site's token): the form's token
+    is bound to a cookie only this console sets."""
+    bare = await console.post("/ui/login", data={"token": OPERATOR})
+    assert bare.status_code == 403 and "expired" in bare.text
+    assert session.COOKIE not in bare.cookies
+    form = await console.get("/ui/login")
+    csrf = csrf_of(form.text)
+    assert session.PRE_COOKIE in form.cookies
+    # The token of this form, without its cookie (another browser), is refused.
+    async for other in client_of(build()):
+        stolen = await other.post("/ui/login", data={"token": OPERATOR, "csrf": csrf})
+        assert stolen.status_code == 403 and session.COOKIE not in stolen.cookies
+    wrong = await console.post("/ui/login", data={"token": OPERATOR, "csrf": "0" * 64})
+    assert wrong.status_code == 403
+    ok = await console.post("/ui/login", data={"token": OPERATOR, "csrf": csrf})
+    assert ok.status_code == 303 and session.COOKIE in ok.cookies
+
+
+async def test_failed_sign_ins_are_logged_recorded_and_slowed_down(
+    build: Callable[..., FastAPI], engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    now = [1000.0]
+    app = build()
+    app.state.sign_in_throttle = sessions.SignInThrottle(clock=lambda: now[0])
+    async for console in client_of(app):
+        await _fail_three_times_then_wait(console, caplog, now)
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(select(events.c.detail).where(events.c.kind == "SIGN_IN_FAILED"))
+        ).scalars()
+        details = list(rows)
+    assert [d["failures"] for d in details] == [1, 2, 3]
+    assert {d["client"] for d in details} == {"127.0.0.1"}
+
+
+async def _fail_three_times_then_wait(
+    console: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, now: list[float]
+) -> None:
+    for n in (1, 2, 3):
+        answer = await post_sign_in(console, {"token": f"guess-{n}"})
+        assert answer.status_code == 401 and "not valid" in answer.text
+    lines = [r for r in caplog.records if "Sign-in refused" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.WARNING] * 3
+    assert lines[-1].getMessage().startswith("[Console] Sign-in refused from 127.0.0.1")
+    assert "guess" not in caplog.text
+    # The fourth try comes too soon: turned away, however good its token.
+    slowed = await post_sign_in(console, {"token": OPERATOR})
+    assert slowed.status_code == 429 and slowed.headers["retry-after"] == "1"
+    assert session.COOKIE not in slowed.cookies
+    now[0] += 1.5
+    assert (await post_sign_in(console, {"token": OPERATOR})).status_code == 303

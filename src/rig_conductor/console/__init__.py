@@ -11,7 +11,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
-from rig_conductor.console import actions, pages, web
+from rig_conductor.console import actions, pages, signin, web
+from rig_conductor.operations import sessions
 
 
 def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
@@ -19,6 +20,8 @@ def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.state.error_pages = web.problem  # the API's error handlers answer /ui with these
     app.add_middleware(ServerTiming)
     app.mount("/ui/static", StaticFiles(directory=web.STATIC), name="console-static")
+    app.state.sign_in_throttle = sessions.SignInThrottle()
+    app.include_router(signin.router, prefix="/ui")
     app.include_router(actions.router, prefix="/ui")
     app.include_router(pages.router, prefix="/ui")
     app.add_exception_handler(web.SignInRequired, _sign_in)

@@ -1,60 +1,25 @@
-"""The console's actions (POST): sign in and out, requeue and delete dead letters, move pending
-entries by hand, preview and run a scan. Each change needs the session's CSRF token and a role
-that may change things, and leaves an audit line and an event-log row."""
+"""The console's actions (POST): requeue and delete dead letters, move pending entries by hand,
+preview and run a scan (signing in and out: `signin`). Each change needs the session's CSRF
+token and a role that may change things, and leaves an audit line and an event-log row."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 
 from rig_conductor import domain
-from rig_conductor.console import session, web
+from rig_conductor.console import web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
-from rig_conductor.operations import deadletters, moves, scans, sessions
+from rig_conductor.operations import deadletters, moves, scans
 
 router = APIRouter(include_in_schema=False)
 
 SessionDep = Annotated[Session, Depends(web.current)]
 Csrf = Annotated[str | None, Form()]
 Field = Annotated[str, Form(max_length=256)]
-
-
-@router.get("/login")
-async def login_form(request: Request, next: str = "") -> Response:
-    if web.tokens(request).open:
-        return web.redirect(request, "")
-    return _login_page(request, next=next)
-
-
-@router.post("/login")
-async def login(
-    request: Request,
-    token: Annotated[str, Form(max_length=4096)],
-    next: Annotated[str, Form(max_length=2048)] = "",
-) -> Response:
-    signed = session.sign_in(web.tokens(request), token)
-    if signed is None:
-        return _login_page(request, next=next, error="That token is not valid.", status=401)
-    _, cookie = signed
-    root = web.url(request, "")
-    target = next if next.startswith(root) and "//" not in next else root
-    response = web.redirect(request, "")
-    response.headers["location"] = target
-    web.set_cookie(request, response, cookie)
-    return response
-
-
-@router.post("/logout")
-async def logout(request: Request, you: SessionDep, csrf: Csrf = None) -> Response:
-    if not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
-        raise web.Refused(403, "missing or invalid CSRF token; reload the page")
-    await sessions.sign_out(web.runtime(request), you.caller, nonce=you.nonce, expires=you.expires)
-    response = web.redirect(request, "/login")
-    response.delete_cookie(session.COOKIE, path=web.url(request, ""))
-    return response
 
 
 @router.post("/deadletters/requeue")
@@ -197,13 +162,3 @@ async def scan(
     if apply:
         await scans.record_console_scan(rt, you.caller, report)
     return web.page(request, "scan.html", you, report=report, dry_run=not apply)
-
-
-def _login_page(request: Request, *, next: str, error: str = "", status: int = 200) -> Response:
-    body = web.templates.get_template("login.html").render(
-        url=lambda path, **q: web.url(request, path, **q),
-        static=lambda name: web.url(request, f"/static/{name}"),
-        next=next,
-        error=error,
-    )
-    return HTMLResponse(body, status_code=status, headers=web.SECURITY_HEADERS)

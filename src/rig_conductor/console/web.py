@@ -82,7 +82,7 @@ async def current(request: Request) -> session.Session:
     if found is not None and not await sessions.signed_out(runtime(request), nonce=found.nonce):
         return found
     if tokens(request).open:
-        fresh, cookie = session.anonymous()
+        fresh, cookie = session.anonymous(tokens(request))
         request.state.new_cookie = cookie
         return fresh
     raise SignInRequired
@@ -144,12 +144,19 @@ def problem(request: Request, status: int, message: str) -> HTMLResponse:
     return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
-def set_cookie(request: Request, response: Response, value: str) -> None:
+def set_cookie(
+    request: Request,
+    response: Response,
+    value: str,
+    *,
+    name: str = session.COOKIE,
+    max_age: int = session.TTL_S,
+) -> None:
     secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
     response.set_cookie(
-        session.COOKIE,
+        name,
         value,
-        max_age=session.TTL_S,
+        max_age=max_age,
         path=url(request, ""),
         httponly=True,
         samesite="strict",
