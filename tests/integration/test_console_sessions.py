@@ -3,6 +3,7 @@ cookie, CSRF on every change, and the open console."""
 
 from __future__ import annotations
 
+import html
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -214,3 +215,51 @@ async def _fail_three_times_then_wait(
     assert session.COOKIE not in slowed.cookies
     now[0] += 1.5
     assert (await post_sign_in(console, {"token": OPERATOR})).status_code == 303
+
+
+@pytest.mark.parametrize(
+    ("asked", "lands"),
+    [
+        ("/ui/agents?x=1", "/ui/agents?x=1"),
+        (
+            "/ui/pending?stream=rig:dispatch&consumer=a b",
+            "/ui/pending?stream=rig:dispatch&consumer=a%20b",
+        ),
+        ("/ui/deadletters?q=<script>", "/ui/deadletters?q=%3Cscript%3E"),
+        ("/ui", "/ui"),
+        ("", "/ui"),
+        ("//evil.example/", "/ui"),
+        ("https://evil.example/ui", "/ui"),
+        ("javascript:alert(1)", "/ui"),
+        ("/\\evil.example", "/ui"),
+        ("/ui/\\evil.example", "/ui"),
+        ("/uievil", "/ui"),
+        ("/ui/../api/agents", "/ui"),
+        ("/ui\r\nSet-Cookie: x=1", "/ui"),
+        ("/ui/agents\nLocation: //evil.example", "/ui"),
+        ("/api/agents", "/ui"),
+        ("ui/agents", "/ui"),
+    ],
+)
+async def test_sign_in_leads_only_to_a_path_of_the_console(
+    console: httpx.AsyncClient, asked: str, lands: str
+) -> None:
+    form = await console.get("/ui/login", params={"next": asked})
+    assert form.status_code == 200
+    assert f'name="next" value="{html.escape(lands)}"' in form.text
+    ok = await post_sign_in(console, {"token": VIEWER, "next": asked})
+    assert ok.status_code == 303 and ok.headers["location"] == lands
+
+
+async def test_sign_in_under_a_root_path_leads_only_under_it(
+    build: Callable[..., FastAPI],
+) -> None:
+    async for console in client_of(build(http_root_path="/rig")):
+        for asked, lands in (
+            ("/rig/ui/agents", "/rig/ui/agents"),
+            ("/ui/agents", "/rig/ui"),
+            ("/rigx/ui", "/rig/ui"),
+            ("//evil.example/rig/ui", "/rig/ui"),
+        ):
+            ok = await post_sign_in(console, {"token": VIEWER, "next": asked}, prefix="/rig")
+            assert ok.status_code == 303 and ok.headers["location"] == lands, asked

@@ -37,7 +37,8 @@ async def requeue(
     """`one` (a row's own button) alone, else the selected `ids`, else all that match."""
     web.require_change(request, you, csrf)
     chosen = [one] if one else ids
-    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, True)
+    key = web.stream_key(request, stream)
+    count = await _each(request, you, key, chosen, all_matching, q, reason, True)
     return web.redirect(
         request, "/deadletters", stream=stream, q=q, reason=reason, done=f"requeued {count}"
     )
@@ -57,7 +58,8 @@ async def delete(
 ) -> Response:
     web.require_change(request, you, csrf)
     chosen = [one] if one else ids
-    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, False)
+    key = web.stream_key(request, stream)
+    count = await _each(request, you, key, chosen, all_matching, q, reason, False)
     return web.redirect(
         request, "/deadletters", stream=stream, q=q, reason=reason, done=f"deleted {count}"
     )
@@ -109,6 +111,7 @@ async def move(
 ) -> Response:
     """`entries` are `<id>@<idle ms>` as the page showed them."""
     web.require_change(request, you, csrf)
+    stream = web.stream_key(request, stream)
     seen = []
     for item in entries or []:
         entry_id, _, idle = item.partition("@")

@@ -14,7 +14,6 @@ from fastapi.responses import HTMLResponse
 from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
-from rig_conductor.domain import StreamKey
 from rig_conductor.operations import deadletters, views
 
 router = APIRouter(include_in_schema=False)
@@ -52,6 +51,7 @@ async def overview(request: Request, you: SessionDep) -> HTMLResponse:
 @router.get("/group")
 async def group(request: Request, you: SessionDep, stream: Text, name: Text) -> HTMLResponse:
     rt = web.runtime(request)
+    stream = web.stream_key(request, stream)
     try:
         info, consumers = await views.group(rt, stream=stream, name=name)
     except LookupError as exc:
@@ -69,6 +69,7 @@ async def pending(
     after: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
+    stream = web.stream_key(request, stream)
     try:
         info, consumers = await views.group(rt, stream=stream, name=group)
     except LookupError as exc:
@@ -117,7 +118,7 @@ async def dead_letters(
     before: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
-    key = StreamKey(stream or rt.settings.dispatch_stream)
+    key = web.stream_key(request, stream or rt.settings.dispatch_stream)
     where = deadletters.Filter(text=q, reason=reason)
     letters, next_before = await deadletters.find(
         rt, stream=key, where=where, before=before, count=DLQ_PAGE

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -15,7 +15,8 @@ from pydantic import AfterValidator
 
 from rig_conductor import __version__, domain, roles
 from rig_conductor.console import session
-from rig_conductor.operations import sessions
+from rig_conductor.domain import StreamKey
+from rig_conductor.operations import sessions, views
 from rig_conductor.runtime import Runtime
 
 HERE = Path(__file__).parent
@@ -72,6 +73,36 @@ def url(request: Request, path: str, **query: Any) -> str:
     root = request.scope.get("root_path", "")
     params = {k: v for k, v in query.items() if v not in (None, "")}
     return f"{root}/ui{path}" + (f"?{urlencode(params)}" if params else "")
+
+
+def stream_key(request: Request, name: str) -> StreamKey:
+    """A stream named in a query or a form: one the settings cover (`views.known_stream`), else
+    a 400 page. Never a pattern: reading one would SCAN the keyspace."""
+    if not views.known_stream(runtime(request).settings, name):
+        raise Refused(400, f"{name[:256]!r} is not a stream of RIG_DISPATCH_STREAM or RIG_STREAMS")
+    return StreamKey(name)
+
+
+def safe_next(request: Request, value: str) -> str:
+    """Where to go after signing in: `value` when it is a console path under the root path
+    (URL-quoted), else the overview. Never another site: no scheme, no host, no `//` or `\\`,
+    no control characters (a CR/LF would split the Location header), no dot segments."""
+    home = url(request, "")
+    if not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return home
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+        return home
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return home
+    path = parts.path
+    if path != home and not path.startswith(home + "/"):
+        return home
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return home
+    quoted = quote(path, safe="/%-._~!$&'()*+,;=:@")
+    query = quote(parts.query, safe="/%-._~!$&'()*+,;=:@?")
+    return quoted + (f"?{query}" if query else "")
 
 
 async def current(request: Request) -> session.Session:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from fnmatch import fnmatchcase
 
-from rig_conductor.adapters import failures, redis_inspect, redis_reading
+from rig_conductor.adapters import failures, redis_inspect, redis_keys, redis_reading, redis_streams
 from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, GroupName, StreamKey
 from rig_conductor.policy.liveness import Fleet, age_ms
 from rig_conductor.runtime import Runtime
+from rig_conductor.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,22 @@ class Overview:
     agents: AgentSummary
     scans: list[history.ScanRow]
     nodes_failed: dict[str, str]
+
+
+def known_stream(settings: Settings, name: str) -> bool:
+    """Whether a name a client sent is one of the streams the settings cover: the dispatch
+    stream, a name RIG_STREAMS lists, or one of its patterns matches (a dead-letter stream
+    never does, as in the reaper). A pattern itself is not a stream: reading it would SCAN the
+    keyspace."""
+    if not name or redis_streams.is_pattern(name) or "\\" in name:
+        return False
+    if name == settings.dispatch_stream or name in settings.streams:
+        return True
+    return not redis_keys.is_dlq(name) and any(
+        fnmatchcase(name, pattern)
+        for pattern in settings.streams
+        if redis_streams.is_pattern(pattern)
+    )
 
 
 async def evidence(rt: Runtime) -> Evidence:
