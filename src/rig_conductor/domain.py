@@ -19,6 +19,10 @@ AgentId = NewType("AgentId", str)
 EntryId = NewType("EntryId", str)
 PodName = NewType("PodName", str)
 
+# The `reason` of a dead letter written because its deliveries reached RIG_MAX_DELIVERIES, by the
+# reaper (step 7) and by an operator's move of such an entry.
+DEAD_LETTER_REASON = "max-deliveries"
+
 # A stream entry id as Redis takes it: `<ms>-<seq>`, ASCII digits, each part at most 2^64-1.
 ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
 ENTRY_ID_MAX_LENGTH = 41

@@ -3,9 +3,12 @@ every view and action. The browser tests (tests/browser) drive the same pages in
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +17,8 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
+from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.settings import Settings
 
@@ -66,8 +71,7 @@ async def test_a_viewer_sees_everything_and_may_change_nothing(
             "group": G,
             "consumer": "dev-e-0",
             "target": "qa-e-0",
-            "seen_at": "0",
-            "entries": [f"{held[0]}@0"],
+            "entries": [held[0]],
         },
     )
     assert refused.status_code == 403 and "viewer" in refused.text
@@ -166,12 +170,12 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     csrf = await sign_in(console, OPERATOR)
     page = await console.get("/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"})
     boxes = re.findall(r'name="entries" value="([^"]+)"', page.text)
-    seen_at = re.search(r'name="seen_at" value="(\d+)"', page.text)
-    assert len(boxes) == 5 and seen_at
+    assert boxes == held  # the ids, nothing the server would have to trust
     assert re.search(r'<option value="qa-e-0">', page.text)
     assert '<option value="dev-e-0">' not in page.text  # neither the owner nor a down consumer
-    # The owner reads one entry again after the page was drawn: the guard leaves it.
-    await redis.xclaim(S, G, "dev-e-0", 0, [held[2]])
+    # Since the page was drawn, dev-e-0 acked one entry and another was moved to qa-e-0.
+    await redis.xack(S, G, held[3])
+    await redis.xclaim(S, G, "qa-e-0", 0, [held[4]], justid=True)
     caplog.set_level(logging.INFO)
     form = {
         "csrf": csrf,
@@ -179,17 +183,35 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
         "group": G,
         "consumer": "dev-e-0",
         "target": "qa-e-0",
-        "seen_at": seen_at.group(1),
-        "entries": boxes[:3],
+        "entries": [held[0], held[1], held[3], held[4]],
     }
     moved = await console.post("/ui/move", data=form)
-    assert moved.status_code == 303 and "moved+2+of+3" in moved.headers["location"]
+    assert moved.status_code == 303, moved.text
+    assert "moved+2+of+4" in moved.headers["location"]
+    assert "2+no+longer+pending+for+dev-e-0" in moved.headers["location"]
     now = await owners(redis, S, G)
-    assert [now[e] for e in held] == ["qa-e-0", "qa-e-0", "dev-e-0", "dev-e-0", "dev-e-0"]
+    assert [now.get(e) for e in held] == ["qa-e-0", "qa-e-0", "dev-e-0", None, "qa-e-0"]
     for entry in held[:2]:
         assert f"[StreamReclaim] Reclaimed {entry} on {S}: dev-e-0 -> qa-e-0" in caplog.text
-    assert f"Reclaimed {held[2]}" not in caplog.text
-    assert re.search(r"\[Console\] operator:[0-9a-f]{8} moved 2 of 3 selected entries", caplog.text)
+    assert f"Reclaimed {held[3]}" not in caplog.text and f"Reclaimed {held[4]}" not in caplog.text
+    assert re.search(
+        r"\[Console\] operator:[0-9a-f]{8} moved 2 of 4 selected entries on rig:dispatch/workers: "
+        r"dev-e-0 -> qa-e-0 \(0 dead-lettered after RIG_MAX_DELIVERIES, 2 not held by dev-e-0\)",
+        caplog.text,
+    )
+    # In JSON too, each line carries reason `manual`.
+    formatter = logs.JsonFormatter()
+    reclaimed = [
+        json.loads(line)
+        for record in caplog.records
+        if record.name == "rig_conductor.reaper.cycle"
+        for line in formatter.format(record).splitlines()
+    ]
+    assert [r["entryId"] for r in reclaimed] == held[:2]
+    assert {r["reason"] for r in reclaimed} == {"manual"}
+    assert (
+        reclaimed[0]["message"] == f"[StreamReclaim] Reclaimed {held[0]} on {S}: dev-e-0 -> qa-e-0"
+    )
     async with engine.connect() as conn:
         row = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).one()
         attempt = (
@@ -209,6 +231,82 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     await register(redis, S, G, "dev-e-1")
     refused = await console.post("/ui/move", data=form)
     assert refused.status_code == 409 and "not live" in refused.text
+
+
+async def test_a_move_guards_each_entry_with_the_idle_time_redis_reported(
+    console: httpx.AsyncClient, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The min-idle of each XCLAIM is the idle time the move looked up, so an entry the owner
+    touches between that look and the claim stays where it is."""
+    held = await stuck(redis, console, 2)
+    csrf = await sign_in(console, OPERATOR)
+    await asyncio.sleep(0.2)  # both entries idle ~200 ms when the move looks
+    looked_up = redis_inspect.held_by
+
+    async def then_touched(*args: Any, **kwargs: Any) -> Any:
+        found = await looked_up(*args, **kwargs)
+        await redis.xclaim(S, G, "dev-e-0", 0, [held[1]], justid=True)  # idle back to 0
+        return found
+
+    monkeypatch.setattr(redis_inspect, "held_by", then_touched)
+    form = {"csrf": csrf, "stream": S, "group": G, "consumer": "dev-e-0", "target": "qa-e-0"}
+    moved = await console.post("/ui/move", data={**form, "entries": held})
+    assert "moved+1+of+2" in moved.headers["location"]
+    assert "1+left%3A+touched+since" in moved.headers["location"]
+    assert await owners(redis, S, G) == {held[0]: "qa-e-0", held[1]: "dev-e-0"}
+    # An idle time from the form is not an entry id: refused, nothing moves.
+    sneaky = await console.post("/ui/move", data={**form, "entries": [f"{held[1]}@0"]})
+    assert sneaky.status_code == 400
+
+
+async def test_a_move_dead_letters_what_reached_max_deliveries_as_the_reaper_does(
+    console: httpx.AsyncClient,
+    redis: Redis,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    held = await stuck(redis, console, 3)
+    for _ in range(4):  # held[0]: delivered 5 times (RIG_MAX_DELIVERIES)
+        await redis.xclaim(S, G, "dev-e-0", 0, [held[0]])
+    async with engine.begin() as conn:  # held[1]: its fifth attempt recorded
+        await conn.execute(
+            assignments.insert().values(
+                tenant="default", stream=S, entry_id=held[1], state="running", attempt=5
+            )
+        )
+    csrf = await sign_in(console, OPERATOR)
+    page = await console.get("/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"})
+    assert "reached RIG_MAX_DELIVERIES (5) is dead-lettered instead" in page.text
+    caplog.set_level(logging.INFO)
+    moved = await console.post(
+        "/ui/move",
+        data={
+            "csrf": csrf,
+            "stream": S,
+            "group": G,
+            "consumer": "dev-e-0",
+            "target": "qa-e-0",
+            "entries": held,
+        },
+    )
+    location = moved.headers["location"]
+    assert "moved+1+of+3" in location and "2+dead-lettered" in location
+    assert await owners(redis, S, G) == {held[2]: "qa-e-0"}
+    letters = {f["originalId"]: f for _, f in await redis.xrange(f"{S}:dlq")}
+    assert set(letters) == set(held[:2])
+    assert letters[held[0]]["reason"] == "max-deliveries" and letters[held[0]]["deliveries"] == "5"
+    assert letters[held[1]]["deliveries"] == "5" and letters[held[1]]["issueId"] == "rc-2"
+    for entry in held[:2]:
+        assert f"[StreamReclaim] Dead-lettered {entry} on {S} after 5 deliveries" in caplog.text
+    async with engine.connect() as conn:
+        dead = (await conn.execute(select(events).where(events.c.kind == "DEAD_LETTERED"))).all()
+        states = dict(
+            (await conn.execute(select(assignments.c.entry_id, assignments.c.state))).all()
+        )
+    assert {row.entry_id for row in dead} == set(held[:2])
+    assert states[held[0]] == states[held[1]] == "dead"
+    flash = await console.get(location)
+    assert "dead-lettered: they had reached RIG_MAX_DELIVERIES" in flash.text
 
 
 async def test_dead_letters_filter_requeue_selected_and_delete_all_that_match(

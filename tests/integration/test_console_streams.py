@@ -53,8 +53,7 @@ async def test_a_stream_the_settings_do_not_cover_is_a_400_page(
                 "group": "workers",
                 "consumer": "c",
                 "target": "d",
-                "seen_at": "0",
-                "entries": ["1-1@0"],
+                "entries": ["1-1"],
             },
         ),
     ]

@@ -15,7 +15,7 @@ from typing import Any
 from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.adapters.redis_streams import DeadLetter, dlq_key, list_dead_letters
-from rig_conductor.domain import ConsumerName, GroupName, StreamKey
+from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,40 @@ async def pending_page(
         )
         for row in rows
     ]
+
+
+async def held_by(
+    client: AnyRedis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    consumer: ConsumerName,
+    ids: Sequence[str],
+) -> dict[str, PendingEntry]:
+    """Each of `ids` that `consumer` holds now, with its idle time and delivery count as Redis
+    sees them: one `XPENDING <stream> <group> <id> <id> 1 <consumer>` per id, pipelined, so one
+    round trip and a cheap lookup each, however long the pending list. Redis refusing the
+    lookup (no such group) raises."""
+    if not ids:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for entry_id in ids:
+            pipe.xpending_range(
+                stream, group, min=entry_id, max=entry_id, count=1, consumername=consumer
+            )
+        replies = await pipe.execute(raise_on_error=False)
+    found: dict[str, PendingEntry] = {}
+    for entry_id, reply in zip(ids, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        for row in reply:
+            found[entry_id] = PendingEntry(
+                EntryId(str(row["message_id"])),
+                ConsumerName(str(row["consumer"])),
+                int(row["time_since_delivered"]),
+                int(row["times_delivered"]),
+            )
+    return found
 
 
 async def entry_fields(
@@ -101,12 +135,6 @@ async def dead_letter_page(
 async def delete_dead_letter(client: AnyRedis, *, stream: StreamKey, dlq_id: str) -> bool:
     """Delete one dead letter; False when there was none with that id."""
     return bool(await client.xdel(dlq_key(stream, client), dlq_id))
-
-
-async def server_time_ms(client: AnyRedis) -> int:
-    """Redis's own clock (TIME), in milliseconds: idle times are measured on it."""
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 async def revoke_session(client: AnyRedis, *, stream: StreamKey, nonce: str, ttl_ms: int) -> None:

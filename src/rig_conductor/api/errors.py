@@ -66,9 +66,10 @@ async def _invalid(request: Request, exc: Exception) -> Response:
         }
         for e in exc.errors()
     ]
+    pages = _console(request)
     content_type = request.headers.get("content-type", "")
     body_failed = any(e["loc"] and e["loc"][0] == "body" for e in exc.errors())
-    if body_failed and "json" not in content_type:
+    if body_failed and "json" not in content_type and pages is None:
         errors.insert(
             0,
             {
@@ -79,7 +80,7 @@ async def _invalid(request: Request, exc: Exception) -> Response:
             },
         )
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
-    if (pages := _console(request)) is not None:
+    if pages is not None:  # a form of the console
         return pages(request, 400, f"Bad request: {first['field']}: {first['message']}")
     return JSONResponse(
         status_code=422,

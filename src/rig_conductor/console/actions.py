@@ -9,7 +9,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import Response
 
-from rig_conductor import domain
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
@@ -105,43 +104,37 @@ async def move(
     group: Field,
     consumer: Field,
     target: Field,
-    seen_at: Annotated[int, Form()],
     csrf: Csrf = None,
-    entries: Annotated[list[str] | None, Form()] = None,
+    entries: Annotated[list[web.EntryIdText] | None, Form()] = None,
 ) -> Response:
-    """`entries` are `<id>@<idle ms>` as the page showed them."""
+    """`entries` are the ids of the selected entries; what they are now (owner, idle time,
+    deliveries) the move reads from Redis, not from the form."""
     web.require_change(request, you, csrf)
-    stream = web.stream_key(request, stream)
-    seen = []
-    for item in entries or []:
-        entry_id, _, idle = item.partition("@")
-        try:
-            domain.entry_id(entry_id)
-        except ValueError:
-            raise web.Refused(400, f"not an entry of the page: {item[:80]}") from None
-        if not idle.isdigit():
-            raise web.Refused(400, f"not an entry of the page: {item[:80]}")
-        seen.append(moves.Seen(entry_id, int(idle)))
+    key = web.stream_key(request, stream)
     try:
-        moved = await moves.move(
+        done = await moves.move(
             web.runtime(request),
             you.caller,
-            stream=stream,
+            stream=key,
             group=group,
             owner=consumer,
             target=target,
-            entries=seen,
-            seen_at_ms=seen_at,
+            ids=entries or [],
         )
     except moves.MoveRefused as exc:
         return web.page(request, "error.html", you, status_code=409, message=str(exc))
+    message = f"moved {len(done.moved)} of {done.selected} to {target}"
+    if done.dead_lettered:
+        message += (
+            f"; {len(done.dead_lettered)} dead-lettered: they had reached RIG_MAX_DELIVERIES, "
+            "as the reaper would have done"
+        )
+    if done.not_held:
+        message += f"; {len(done.not_held)} no longer pending for {consumer}"
+    if done.left:
+        message += f"; {done.left} left: touched since the page was drawn"
     return web.redirect(
-        request,
-        "/pending",
-        stream=stream,
-        group=group,
-        consumer=consumer,
-        done=f"moved {len(moved)} of {len(seen)} to {target}",
+        request, "/pending", stream=stream, group=group, consumer=consumer, done=message
     )
 
 

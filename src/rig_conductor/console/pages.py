@@ -74,7 +74,7 @@ async def pending(
         info, consumers = await views.group(rt, stream=stream, name=group)
     except LookupError as exc:
         return web.page(request, "error.html", you, status_code=404, message=str(exc))
-    rows, seen_at = await views.pending(
+    rows = await views.pending(
         rt, stream=stream, group=group, consumer=consumer, after=after, count=PEL_PAGE
     )
     owner = next((c for c in consumers if c.name == consumer), None)
@@ -89,7 +89,7 @@ async def pending(
         after=after,
         next_after=rows[-1].id if len(rows) == PEL_PAGE else None,
         targets=[c for c in consumers if c.target and c.name != consumer],
-        seen_at=seen_at,
+        max_deliveries=rt.settings.max_deliveries,
     )
 
 

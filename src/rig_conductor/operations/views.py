@@ -178,9 +178,8 @@ def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[Consum
 
 async def pending(
     rt: Runtime, *, stream: str, group: str, consumer: str, after: str | None, count: int
-) -> tuple[list[redis_inspect.PendingRow], int]:
-    """A page of the consumer's pending entries, and Redis's TIME just after reading them (a
-    move by hand guards each entry with its idle time then plus the time since)."""
+) -> list[redis_inspect.PendingRow]:
+    """A page of the consumer's pending entries, with their fields."""
     with failures.named_by_request():
         rows = await redis_inspect.pending_page(
             rt.redis,
@@ -190,4 +189,4 @@ async def pending(
             after=after,
             count=count,
         )
-    return rows, await redis_inspect.server_time_ms(rt.redis)
+    return rows

@@ -13,14 +13,12 @@ from collections.abc import Mapping
 from rig_conductor import logs
 from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import ConsumerName, PendingEntry
+from rig_conductor.domain import DEAD_LETTER_REASON, ConsumerName, PendingEntry
 from rig_conductor.policy import reclaim
 from rig_conductor.reaper import moves
 
 # The log lines keep the logger name they always had: operators filter on it.
 logger = logging.getLogger("rig_conductor.reaper.cycle")
-
-DEAD_LETTER_REASON = "max-deliveries"
 
 
 def log_moves(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> None:
