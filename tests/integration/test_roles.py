@@ -14,8 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events, scan_reports
 from rig_conductor.app import create_app
+from rig_conductor.console import session
 from rig_conductor.settings import Settings
 
+from .console_kit import csrf_of
 from .helpers import fill, owners, read, register
 
 S = "rig:dispatch"
@@ -193,6 +195,43 @@ async def test_served_under_a_root_path_whether_the_ingress_strips_it_or_not(
         assert asset.status_code == 200 and "uPlot" in asset.text
         openapi = (await api.get(f"{prefix}/openapi.json")).json()
         assert "/api/deadletters" in openapi["paths"]
+
+
+@pytest.mark.parametrize("stripped", [False, True], ids=["prefix-kept", "prefix-stripped"])
+async def test_signing_in_under_a_root_path_whether_the_ingress_strips_it_or_not(
+    build: Callable[..., FastAPI], stripped: bool
+) -> None:
+    """What the browser sees always carries the prefix: redirects, the form's action, and the
+    cookies' Path (a cookie for /ui would never be sent back to /rig/ui)."""
+    app = build(http_root_path="/rig", operator_tokens=OPERATOR)
+    prefix = "" if stripped else "/rig"
+    async for api in _client(app):
+        api.cookies.clear()
+        first = await api.get(f"{prefix}/ui/agents")
+        assert first.status_code == 303
+        assert first.headers["location"] == "/rig/ui/login?next=%2Frig%2Fui%2Fagents"
+        form = await api.get(f"{prefix}/ui/login", params={"next": "/rig/ui/agents"})
+        assert 'action="/rig/ui/login"' in form.text
+        assert 'href="/rig/ui/static/console.css"' in form.text
+        pre = form.cookies[session.PRE_COOKIE]
+        assert "Path=/rig/ui;" in form.headers["set-cookie"]
+        csrf = csrf_of(form.text)
+        signed = await api.post(
+            f"{prefix}/ui/login",
+            data={"token": OPERATOR, "next": "/rig/ui/agents", "csrf": csrf},
+            headers={"Cookie": f"{session.PRE_COOKIE}={pre}"},
+        )
+        assert signed.status_code == 303 and signed.headers["location"] == "/rig/ui/agents"
+        cookie = next(
+            c for c in signed.headers.get_list("set-cookie") if c.startswith(session.COOKIE)
+        )
+        assert "Path=/rig/ui;" in cookie and "HttpOnly" in cookie
+        own = {"Cookie": f"{session.COOKIE}={signed.cookies[session.COOKIE]}"}
+        page = await api.get(f"{prefix}/ui/agents", headers=own)
+        assert page.status_code == 200 and 'action="/rig/ui/logout"' in page.text
+        out = await api.post(f"{prefix}/ui/logout", data={"csrf": csrf_of(page.text)}, headers=own)
+        assert out.status_code == 303 and out.headers["location"] == "/rig/ui/login"
+        assert "Path=/rig/ui" in out.headers["set-cookie"]
 
 
 def test_a_root_path_must_be_a_path(make_settings: Callable[..., Settings]) -> None:
