@@ -11,7 +11,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
 from rig_conductor.operations import deadletters, views
@@ -95,17 +94,7 @@ async def pending(
 
 @router.get("/agents")
 async def agents(request: Request, you: SessionDep) -> HTMLResponse:
-    rt = web.runtime(request)
-    now, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
-    down_ms = rt.settings.agent_down_ms
-    listed = []
-    for row in rows:
-        age = max(0, int((now - row.last_heartbeat_at).total_seconds() * 1000))
-        state = "down" if age >= down_ms else ("degraded" if row.degraded else "up")
-        listed.append((row, age, state))
-    heard = {row.agent_id for row in rows}
-    never = sorted(a for a in rt.settings.agent_ids if a not in heard)
-    return web.page(request, "agents.html", you, agents=listed, never=never)
+    return web.page(request, "agents.html", you, agents=await views.agents(web.runtime(request)))
 
 
 @router.get("/deadletters")
@@ -148,12 +137,12 @@ async def reclaims(
 ) -> HTMLResponse:
     rt = web.runtime(request)
     since = datetime.now(UTC) - timedelta(hours=hours) if hours else None
-    rows = await history.reclaims(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        where=history.ReclaimFilter(
-            stream=stream or None, agent=agent or None, reason=reason or None, since=since
-        ),
+    rows = await views.reclaims(
+        rt,
+        stream=stream or None,
+        agent=agent or None,
+        reason=reason or None,
+        since=since,
         limit=HISTORY_ROWS,
     )
     return web.page(

@@ -1,6 +1,7 @@
-"""The read models of the console's views: streams and groups, one group's consumers with
-their liveness evidence, agents, and the last scans. Judged with the reaper's own rules
-(`policy.liveness.Fleet`) at PostgreSQL's clock, so the console and the reaper agree.
+"""The read models of the console's views and the API's: streams and groups, one group's
+consumers with their liveness evidence, agents, the last scans and the reclaim history. Judged
+with the reaper's own rules (`policy.liveness.Fleet`) at PostgreSQL's clock, so the console, the
+API and the reaper agree.
 
 Every read is bounded at any size: XINFO and one XPENDING of one entry per group, never a
 whole pending list.
@@ -48,6 +49,25 @@ class ConsumerRow:
     @property
     def state(self) -> str:
         if self.down_reasons:
+            return "down"
+        return "degraded" if self.degraded else "up"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRow:
+    """An agent as the reaper judges it (`Fleet.agent_up`), with what it last reported."""
+
+    agent_id: str
+    last_heartbeat_at: datetime | None  # None: configured, never heard from
+    heartbeat_age_ms: int | None
+    down: bool
+    degraded: bool  # as its last heartbeat said
+    degraded_reasons: tuple[str, ...]
+    consumers: tuple[str, ...]
+
+    @property
+    def state(self) -> str:
+        if self.down:
             return "down"
         return "degraded" if self.degraded else "up"
 
@@ -117,26 +137,56 @@ async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
                 sum(c.pending for c in down),
             )
         )
+    states = [agent.state for agent in await agents(rt, known=known)]
     return Overview(
         known.now,
         rows,
-        _agent_summary(known, fleet),
+        AgentSummary(states.count("up"), states.count("down"), states.count("degraded")),
         await history.recent_scans(rt.engine, tenant=rt.settings.tenant, limit=scans),
         dict(reading.failed),
     )
 
 
-def _agent_summary(known: Evidence, fleet: Fleet) -> AgentSummary:
-    up = down = degraded = 0
-    for agent in known.known_agents:
+async def agents(rt: Runtime, *, known: Evidence | None = None) -> list[AgentRow]:
+    """Every agent configured or heard from, by id: down by the reaper's rule 3 (no heartbeat
+    within RIG_AGENT_DOWN_MS, or none ever), with its last heartbeat's degraded state and
+    reasons and the consumers that heartbeated for it. `known`: evidence already loaded."""
+    if known is None:
+        known = await evidence(rt)
+    fleet = Fleet(known, rt.settings.limits)
+    _, reported = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
+    by_id = {row.agent_id: row for row in reported}
+    rows = []
+    for agent in sorted(known.known_agents):
         beat = known.agent_heartbeats.get(agent)
-        if not fleet.agent_up(agent):
-            down += 1
-        elif beat is not None and beat.degraded:
-            degraded += 1
-        else:
-            up += 1
-    return AgentSummary(up, down, degraded)
+        row = by_id.get(agent)
+        rows.append(
+            AgentRow(
+                agent_id=agent,
+                last_heartbeat_at=beat.at if beat is not None else None,
+                heartbeat_age_ms=age_ms(beat, known.now),
+                down=not fleet.agent_up(agent),
+                degraded=beat.degraded if beat is not None else False,
+                degraded_reasons=row.degraded_reasons if row is not None else (),
+                consumers=tuple(row.consumers) if row is not None else (),
+            )
+        )
+    return rows
+
+
+async def reclaims(
+    rt: Runtime,
+    *,
+    stream: str | None,
+    agent: str | None,
+    reason: str | None,
+    since: datetime | None,
+    limit: int,
+) -> list[history.ReclaimRow]:
+    """The RECLAIMED rows of the event log of `stream`, from or to `agent`, with `reason`, since
+    `since` (each None: any), newest first."""
+    where = history.ReclaimFilter(stream=stream, agent=agent, reason=reason, since=since)
+    return await history.reclaims(rt.engine, tenant=rt.settings.tenant, where=where, limit=limit)
 
 
 async def group(rt: Runtime, *, stream: str, name: str) -> tuple[GroupInfo, list[ConsumerRow]]:
