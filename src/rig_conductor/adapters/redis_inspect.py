@@ -14,7 +14,12 @@ from typing import Any
 
 from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
-from rig_conductor.adapters.redis_streams import DeadLetter, dlq_key, list_dead_letters
+from rig_conductor.adapters.redis_streams import (
+    DeadLetter,
+    dead_letter_of,
+    dlq_key,
+    list_dead_letters,
+)
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 
 
@@ -132,9 +137,32 @@ async def dead_letter_page(
     return letters, (letters[-1].dlq_id if len(letters) == count else None)
 
 
-async def delete_dead_letter(client: AnyRedis, *, stream: StreamKey, dlq_id: str) -> bool:
-    """Delete one dead letter; False when there was none with that id."""
-    return bool(await client.xdel(dlq_key(stream, client), dlq_id))
+async def dead_letters_by_id(
+    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
+) -> dict[str, DeadLetter]:
+    """The dead letters of `stream` with these ids (those that exist), in one round trip."""
+    if not dlq_ids:
+        return {}
+    key = dlq_key(stream, client)
+    async with client.pipeline(transaction=False) as pipe:
+        for dlq_id in dlq_ids:
+            pipe.xrange(key, min=dlq_id, max=dlq_id, count=1)
+        replies = await pipe.execute()
+    return {reply[0][0]: dead_letter_of(reply[0][0], reply[0][1]) for reply in replies if reply}
+
+
+async def delete_dead_letters(
+    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
+) -> list[bool]:
+    """Delete each dead letter, in one round trip; per id, whether there was one to delete."""
+    if not dlq_ids:
+        return []
+    key = dlq_key(stream, client)
+    async with client.pipeline(transaction=False) as pipe:
+        for dlq_id in dlq_ids:
+            pipe.xdel(key, dlq_id)
+        replies = await pipe.execute()
+    return [bool(reply) for reply in replies]
 
 
 async def revoke_session(client: AnyRedis, *, stream: StreamKey, nonce: str, ttl_ms: int) -> None:

@@ -80,20 +80,9 @@ async def _each(
         return await deadletters.apply_to_matching(
             rt, you.caller, stream=stream, where=where, requeueing=requeueing
         )
-    done = 0
-    for dlq_id in ids or []:
-        if requeueing:
-            ok = bool(
-                await deadletters.requeue(
-                    rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
-                )
-            )
-        else:
-            ok = await deadletters.delete(
-                rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
-            )
-        done += ok
-    return done
+    return await deadletters.apply_to(
+        rt, you.caller, stream=stream, dlq_ids=ids or [], requeueing=requeueing
+    )
 
 
 @router.post("/move")
