@@ -284,3 +284,23 @@ async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
         before = len(polls)
         await page.wait_for_timeout(7_000)
         assert len(polls) == before
+
+
+async def test_a_page_whose_session_ended_goes_to_sign_in_whole(
+    browser: Browser, redis: Redis, redis_url: str, database_url: str
+) -> None:
+    """Polling after the session ended: the browser lands on the sign-in page (HX-Redirect),
+    instead of the sign-in form appearing inside the live part of the old page."""
+    async with serve(redis_url, database_url, **env()) as conductor:
+        context = await browser.new_context()
+        page = await context.new_page()
+        await sign_in(page, conductor.url, VIEWER)
+        await page.click("header nav >> text=Agents")
+        await expect(page).to_have_url(re.compile(r"/ui/agents$"))
+        await context.clear_cookies()
+        await expect(page).to_have_url(
+            re.compile(r"/ui/login\?next=%2Fui%2Fagents$"), timeout=10_000
+        )
+        await expect(page.locator("#token")).to_be_visible()
+        assert await page.locator("#live").count() == 0
+        await context.close()

@@ -3,6 +3,7 @@ of a page, and a down consumer holding entries beside a live one."""
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -64,6 +65,14 @@ async def post_sign_in(
     return await client.post(
         f"{prefix}/ui/login", data={"csrf": csrf_of(form.text), **data}, **options
     )
+
+
+async def flash_of(client: httpx.AsyncClient, answer: httpx.Response) -> str:
+    """The message the page an action redirected to shows ("" for none)."""
+    assert answer.status_code == 303, answer.text
+    page = await client.get(answer.headers["location"])
+    found = re.search(r'<p class="flash" role="status">Done: ([^<]*)</p>', page.text)
+    return html.unescape(found.group(1)) if found else ""
 
 
 def csrf_of(html: str) -> str:

@@ -101,6 +101,6 @@ async def test_the_selected_go_in_one_batch_and_ids_already_gone_are_not_counted
     answer = await console.post(
         "/ui/deadletters/delete", data={"csrf": csrf, "stream": S, "ids": ids[:550]}
     )
-    assert "deleted+549" in answer.headers["location"]
+    assert "done=deleted&n=549" in answer.headers["location"]
     assert await redis.xlen(f"{S}:dlq") == 50
     assert await count(engine, "DEAD_LETTER_DELETED") == 549

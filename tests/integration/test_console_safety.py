@@ -192,3 +192,57 @@ async def test_every_console_page_has_the_policy_and_no_inline_script(
     expired = await console.post("/ui/scan", data={"csrf": csrf})
     assert expired.status_code == 401
     assert_safe(expired)
+
+
+@pytest.mark.parametrize(
+    ("query", "shown"),
+    [
+        ({"done": "deleted", "n": "5"}, "deleted 5"),
+        ({"done": "requeued", "n": "12"}, "requeued 12"),
+        ({"done": "Your session expired: sign in at evil.example"}, None),
+        ({"done": EVIL}, None),
+        ({"done": "deleted", "n": "5 at evil.example"}, None),
+        ({"done": "deleted", "n": "\u00b2"}, None),  # a digit to str.isdigit, not to int()
+        ({"done": "deleted", "n": "9" * 30}, None),
+    ],
+)
+async def test_the_done_message_is_one_of_a_fixed_set(
+    console: httpx.AsyncClient, query: dict[str, str], shown: str | None
+) -> None:
+    await sign_in(console, OPERATOR)
+    page = await console.get("/ui/deadletters", params=query)
+    assert page.status_code == 200
+    found = re.findall(r'<p class="flash" role="status">Done: ([^<]*)</p>', page.text)
+    assert found == ([shown] if shown else [])
+
+
+async def test_a_move_message_names_only_a_consumer_of_the_group(
+    console: httpx.AsyncClient, redis: Redis
+) -> None:
+    await stuck(redis, console, 1)
+    await sign_in(console, OPERATOR)
+    pending = {"stream": S, "group": G, "consumer": "dev-e-0", "done": "moved", "n": "1"}
+    for to, shown in (("qa-e-0", "moved 1 of 3 to qa-e-0"), ("evil.example", "moved 1 of 3")):
+        page = await console.get("/ui/pending", params={**pending, "of": "3", "to": to})
+        assert f"Done: {shown}</p>" in page.text
+    assert "evil.example</p>" not in page.text
+
+
+async def test_an_ended_session_sends_a_polling_page_to_sign_in_whole(
+    console: httpx.AsyncClient,
+) -> None:
+    """The live part of a page polls with htmx: when the session has ended, the answer is an
+    HX-Redirect for the whole page, not the sign-in form swapped into the live part."""
+    await sign_in(console, OPERATOR)
+    console.cookies.delete(session.COOKIE)
+    polled = await console.get(
+        "/ui/deadletters", params={"stream": S}, headers={"HX-Request": "true"}
+    )
+    assert polled.status_code == 401
+    assert (
+        polled.headers["hx-redirect"]
+        == "/ui/login?next=%2Fui%2Fdeadletters%3Fstream%3Drig%253Adispatch"
+    )
+    assert "<form" not in polled.text and "token" not in polled.text
+    plain = await console.get("/ui/deadletters")
+    assert plain.status_code == 303 and plain.headers["location"].startswith("/ui/login?next=")

@@ -29,8 +29,13 @@ def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
 
 
 async def _sign_in(request: Request, exc: Exception) -> Response:
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.headers.get("hx-request"):
+        # A page's live part polling after the session ended: the whole page goes to sign-in
+        # (a redirect would be followed by the XHR and the form swapped into the live part).
+        to = web.url(request, "/login", next=here)
+        return Response(status_code=401, headers={"HX-Redirect": to, **web.SECURITY_HEADERS})
     if request.method == "GET":
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return web.redirect(request, "/login", next=here)
     return web.problem(request, 401, "Your session has ended: sign in again.")
 

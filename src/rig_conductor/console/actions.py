@@ -39,7 +39,7 @@ async def requeue(
     key = web.stream_key(request, stream)
     count = await _each(request, you, key, chosen, all_matching, q, reason, True)
     return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"requeued {count}"
+        request, "/deadletters", stream=stream, q=q, reason=reason, done="requeued", n=count
     )
 
 
@@ -60,7 +60,7 @@ async def delete(
     key = web.stream_key(request, stream)
     count = await _each(request, you, key, chosen, all_matching, q, reason, False)
     return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"deleted {count}"
+        request, "/deadletters", stream=stream, q=q, reason=reason, done="deleted", n=count
     )
 
 
@@ -112,18 +112,19 @@ async def move(
         )
     except moves.MoveRefused as exc:
         return web.page(request, "error.html", you, status_code=409, message=str(exc))
-    message = f"moved {len(done.moved)} of {done.selected} to {target}"
-    if done.dead_lettered:
-        message += (
-            f"; {len(done.dead_lettered)} dead-lettered: they had reached RIG_MAX_DELIVERIES, "
-            "as the reaper would have done"
-        )
-    if done.not_held:
-        message += f"; {len(done.not_held)} no longer pending for {consumer}"
-    if done.left:
-        message += f"; {done.left} left: touched since the page was drawn"
     return web.redirect(
-        request, "/pending", stream=stream, group=group, consumer=consumer, done=message
+        request,
+        "/pending",
+        stream=stream,
+        group=group,
+        consumer=consumer,
+        done="moved",
+        n=len(done.moved),
+        of=done.selected,
+        to=target,
+        dead=len(done.dead_lettered),
+        gone=len(done.not_held),
+        left=done.left,
     )
 
 

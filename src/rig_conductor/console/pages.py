@@ -88,6 +88,7 @@ async def pending(
         after=after,
         next_after=rows[-1].id if len(rows) == PEL_PAGE else None,
         targets=[c for c in consumers if c.target and c.name != consumer],
+        flash_targets={c.name for c in consumers},
         max_deliveries=rt.settings.max_deliveries,
     )
 

@@ -3,6 +3,7 @@ rendering (a whole page, or just the live part of it for htmx's polling)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,6 +43,19 @@ SECURITY_HEADERS = {
 # A stream entry id in a form or a query (ids, cursors): a bad one is a 400 page, never sent on.
 EntryIdText = Annotated[str, AfterValidator(domain.entry_id)]
 PROBLEMS = {400: "Bad request", 401: "Sign in first", 403: "Not allowed", 404: "Not found"}
+# What an action did, said on the page it leads to: a fixed message per `done` key filled with
+# counts, never text from the query string (a link could otherwise make the console say
+# anything). A move's target is named only when the page vouches for it.
+FLASH = {"requeued": "requeued {n}", "deleted": "deleted {n}", "moved": "moved {n} of {of}"}
+_COUNTS = ("n", "of", "dead", "gone", "left")
+_MOVE_NOTES = (
+    (
+        "dead",
+        "{} dead-lettered: they had reached RIG_MAX_DELIVERIES, as the reaper would have done",
+    ),
+    ("gone", "{} no longer pending for this consumer"),
+    ("left", "{} left: touched since they were looked up"),
+)
 
 
 class SignInRequired(Exception):
@@ -128,6 +142,28 @@ def require_change(request: Request, current_session: session.Session, csrf: str
         raise Refused(403, f"the {current_session.caller.role.name.lower()} role may not do this")
 
 
+def flash(request: Request, *, targets: Collection[str] = ()) -> str | None:
+    """The message of the action that led here (`done=<key>` and counts), if any."""
+    query = request.query_params
+    done = query.get("done", "")
+    template = FLASH.get(done)
+    if template is None:
+        return None
+    counts: dict[str, int] = {}
+    for name in _COUNTS:
+        raw = query.get(name, "0")
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+            return None
+        counts[name] = int(raw)
+    text = template.format(**counts)
+    if done == "moved":
+        target = query.get("to", "")
+        if target and target in targets:
+            text += f" to {target}"
+        text += "".join(f"; {note.format(counts[key])}" for key, note in _MOVE_NOTES if counts[key])
+    return text
+
+
 def page(
     request: Request,
     template: str,
@@ -150,6 +186,7 @@ def page(
         "now": datetime.now(UTC),
         "ms": format_ms,
         "when": format_time,
+        "flash": flash(request, targets=context.pop("flash_targets", ())),
         **context,
     }
     compiled = templates.get_template(template)
