@@ -102,7 +102,11 @@ async def main(shape: Shape, dead_letters: int) -> int:
         )
         with harness.serve(env) as url:
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                login = await client.post("/ui/login", data={"token": TOKEN})
+                form = await client.get("/ui/login")
+                csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
+                login = await client.post(
+                    "/ui/login", data={"token": TOKEN, "csrf": csrf.group(1) if csrf else ""}
+                )
                 if login.status_code != 303:
                     raise BenchError(f"sign-in answered {login.status_code}")
                 for name, (path, check) in pages.items():

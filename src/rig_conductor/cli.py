@@ -107,6 +107,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         logger.warning(
             "DRY RUN: the reaper logs and counts its decisions and changes nothing in Redis"
         )
+    if settings.session_secret is None:
+        logger.warning(
+            "RIG_SESSION_SECRET is empty: console sessions are signed with a random key of this "
+            "process, so they do not survive a restart nor work across replicas, and the token "
+            "fingerprints in audit lines change with every start"
+        )
     if (problem := _redis_access_problem(settings)) is not None:
         logger.error("Refusing to start: %s", problem)
         return EXIT_USAGE

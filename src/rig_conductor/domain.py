@@ -6,6 +6,7 @@ Plain data only. No I/O, no clock: adapters build these, policy reads them.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,30 @@ PodName = NewType("PodName", str)
 
 # The agent of a consumer that resolves to no known agent, where one must be named (labels).
 UNKNOWN_AGENT = "unknown"
+
+# The `reason` of a dead letter written because its deliveries reached RIG_MAX_DELIVERIES, by the
+# reaper (step 7) and by an operator's move of such an entry.
+DEAD_LETTER_REASON = "max-deliveries"
+
+# A stream entry id as Redis takes it: `<ms>-<seq>`, ASCII digits, each part at most 2^64-1.
+ENTRY_ID_PATTERN = r"^[0-9]{1,20}-[0-9]{1,20}$"
+ENTRY_ID_MAX_LENGTH = 41
+MAX_ID_PART = 2**64 - 1
+_ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+
+
+def entry_id(text: str) -> EntryId:
+    """`text` as a stream entry id; ValueError saying why when Redis would refuse it.
+
+    The one check every route, form and cursor that takes an id goes through: a pattern alone
+    lets `99999999999999999999-1` through, which Redis answers with an error.
+    """
+    if not isinstance(text, str) or not _ENTRY_ID.fullmatch(text):
+        raise ValueError("is not a stream entry id (<milliseconds>-<sequence>, e.g. 1700000000-0)")
+    milliseconds, _, sequence = text.partition("-")
+    if int(milliseconds) > MAX_ID_PART or int(sequence) > MAX_ID_PART:
+        raise ValueError(f"is not a stream entry id: each part must be at most {MAX_ID_PART}")
+    return EntryId(text)
 
 
 class PodState(enum.Enum):

@@ -8,6 +8,10 @@
 With no tokens at all the API is open and everyone is an operator. Every presented token is
 compared with every configured one in constant time, so timing tells nothing about which came
 close.
+
+Audit lines and session cookies name a token by its fingerprint: an HMAC of it under the
+server's secret (RIG_SESSION_SECRET), so a fingerprint cannot be matched against guessed
+tokens without the secret.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,24 +50,37 @@ class Caller:
 ANONYMOUS = Caller(Role.OPERATOR, "anonymous")
 
 
-def fingerprint(token: bytes) -> str:
-    return hashlib.sha256(token).hexdigest()[:8]
-
-
 class Tokens:
+    """The configured tokens and the server's secret (`secret`; None: a random one for this
+    process), which keys the tokens' fingerprints and the console's sessions."""
+
     def __init__(
         self,
         *,
         agent: Iterable[bytes] = (),
         operator: Iterable[bytes] = (),
         viewer: Iterable[bytes] = (),
+        secret: bytes | None = None,
     ) -> None:
+        self.secret = secret if secret is not None else secrets.token_bytes(32)
         self._all: list[tuple[bytes, Role]] = [
             *((t, Role.OPERATOR) for t in operator),
             *((t, Role.AGENT) for t in agent),
             *((t, Role.VIEWER) for t in viewer),
         ]
+        self._names = [(self.name(token, role), token) for token, role in self._all]
         self.has_operators = any(role is Role.OPERATOR for _, role in self._all)
+
+    def derive(self, purpose: bytes, value: bytes = b"") -> bytes:
+        """A key or tag for `purpose` (and `value`), HMAC-SHA256 under the server's secret."""
+        return hmac.new(self.secret, purpose + b"\0" + value, hashlib.sha256).digest()
+
+    def fingerprint(self, token: bytes) -> str:
+        """A short name for a token in audit lines and cookies: never the token itself."""
+        return self.derive(b"rig-token-fingerprint", token).hex()[:8]
+
+    def name(self, token: bytes, role: Role) -> str:
+        return f"{role.name.lower()}:{self.fingerprint(token)}"
 
     @property
     def open(self) -> bool:
@@ -77,13 +95,12 @@ class Tokens:
                 best = role
         if best is None:
             return None
-        return Caller(best, f"{best.name.lower()}:{fingerprint(presented)}")
+        return Caller(best, self.name(presented, best))
 
     def token_for(self, who: str) -> bytes | None:
         """The configured token behind an audit name (to check a session's signature)."""
         found: bytes | None = None
-        for token, role in self._all:
-            name = f"{role.name.lower()}:{fingerprint(token)}"
+        for name, token in self._names:
             if hmac.compare_digest(name.encode(), who.encode()):
                 found = token
         return found
@@ -98,20 +115,19 @@ class Tokens:
         return caller.role is Role.AGENT and not self.has_operators
 
 
-def api_need(method: str, path: str, query: bytes) -> Need:
-    """What a request under /api asks to do, from its method, path and query alone."""
+# A scan asks to change things unless it is a dry run, which only the route knows for sure: it
+# reads `dryRun` as FastAPI parsed it (`POST ...?dryRun=true&dryRun=false` is a real scan).
+# The guard lets any valid token through to it; the route asks for CHANGE itself.
+SCAN_PATH = "/api/reaper/scan"
+
+
+def api_need(method: str, path: str) -> Need:
+    """What a request under /api asks to do, from its method and path alone (for a scan: the
+    least it may ask; the route checks the rest)."""
     if method in ("GET", "HEAD", "OPTIONS"):
         return Need.READ
     if path == "/api/events":
         return Need.REPORT
-    if path == "/api/reaper/scan" and _dry_run(query):
+    if path == SCAN_PATH:
         return Need.READ
     return Need.CHANGE
-
-
-def _dry_run(query: bytes) -> bool:
-    for pair in query.split(b"&"):
-        name, _, value = pair.partition(b"=")
-        if name == b"dryRun":
-            return value.lower() in (b"true", b"t", b"1", b"yes", b"y", b"on")
-    return False

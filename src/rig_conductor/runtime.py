@@ -45,11 +45,16 @@ class Runtime:
 
 
 def tokens_of(settings: Settings) -> roles.Tokens:
+    """The tokens of the three roles, keyed by RIG_SESSION_SECRET (empty: a random key for this
+    process)."""
+
     def raw(values: tuple[Any, ...]) -> list[bytes]:
         return [v.get_secret_value().encode() for v in values]
 
+    secret = settings.session_secret
     return roles.Tokens(
         agent=raw(settings.api_tokens),
         operator=raw(settings.operator_tokens),
         viewer=raw(settings.viewer_tokens),
+        secret=secret.get_secret_value().encode() if secret is not None else None,
     )

@@ -26,9 +26,11 @@ _SECRET_FIELDS = frozenset(
         "operator_tokens",
         "viewer_tokens",
         "redis_sentinel_password",
+        "session_secret",
     }
 )
 _TOKEN_FIELDS = ("api_tokens", "operator_tokens", "viewer_tokens")
+SESSION_SECRET_MIN = 32
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 
@@ -287,6 +289,14 @@ class Settings(RigSettings):
             "whether the ingress strips it or not"
         ),
     )
+    session_secret: SecretStr | None = Field(
+        default=None,
+        description=(
+            "key the console's session cookies and the tokens' audit fingerprints are derived "
+            "from (HMAC), at least 32 characters, the same on every replica; empty: a random key "
+            "per process, so sessions end when it restarts and do not work across replicas"
+        ),
+    )
     tenant: str = Field(
         description="tenant the control plane binds its scan to", default="default", min_length=1
     )
@@ -305,6 +315,20 @@ class Settings(RigSettings):
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
+
+    @field_validator("session_secret", mode="before")
+    @classmethod
+    def _blank_secret(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("session_secret")
+    @classmethod
+    def _long_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < SESSION_SECRET_MIN:
+            raise ValueError(
+                f"must be at least {SESSION_SECRET_MIN} characters (e.g. `openssl rand -hex 32`)"
+            )
+        return value
 
     @field_validator("http_root_path")
     @classmethod
@@ -386,6 +410,8 @@ class Settings(RigSettings):
 def _mask(name: str, value: object) -> object:
     if name in _TOKEN_FIELDS:
         return f"<{len(value)} tokens>" if isinstance(value, tuple) else "<hidden>"
+    if isinstance(value, SecretStr):
+        return "<hidden>"
     try:
         return make_url(str(value)).render_as_string(hide_password=True)
     except ArgumentError:

@@ -141,7 +141,7 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
 
     # Move one by hand to the survivor.
     first = sorted(held)[0]
-    await page.locator(f'input[name=entries][value^="{first}@"]').check()
+    await page.locator(f'input[name=entries][value="{first}"]').check()
     await page.click("text=Move selected")
     await expect(page.locator(".flash")).to_have_text(f"Done: moved 1 of 1 to {SURVIVOR[1]}")
     await expect(page.locator("#pending tbody tr")).to_have_count(len(held) - 1)
@@ -187,13 +187,13 @@ async def _none_left(redis: Redis, consumer: str) -> bool:
     return not await pending(redis, consumer)
 
 
-async def test_a_viewer_sees_no_actions_and_a_forged_post_is_refused(
+async def test_a_viewer_sees_no_actions(
     browser: Browser,
     stuck: tuple[str, httpx.AsyncClient, Fleet, set[str]],
     redis: Redis,
 ) -> None:
     base, _, _, held = stuck
-    dlq_id = await plant_dead_letter(redis, "rc-dead")
+    await plant_dead_letter(redis, "rc-dead")
     context = await browser.new_context()
     page = await context.new_page()
     await sign_in(page, base, VIEWER)
@@ -205,12 +205,37 @@ async def test_a_viewer_sees_no_actions_and_a_forged_post_is_refused(
     await page.goto(f"{base}/ui/pending?stream={STREAM}&group={GROUP}&consumer={VICTIM[1]}")
     await expect(page.locator("#pending tbody tr")).to_have_count(len(held))
     assert await page.locator("input[name=entries]").count() == 0
-    # A forged POST with the viewer's own cookie but no CSRF token: 403, nothing changes.
-    forged = await context.request.post(
-        f"{base}/ui/deadletters/delete", form={"stream": STREAM, "one": dlq_id}
-    )
-    assert forged.status == 403
+    await context.close()
+
+
+async def test_a_forged_post_with_an_operators_cookie_is_refused_for_its_csrf_token(
+    browser: Browser,
+    stuck: tuple[str, httpx.AsyncClient, Fleet, set[str]],
+    redis: Redis,
+) -> None:
+    """An operator's browser, whose cookie would allow the change: only the CSRF token is
+    missing, and that alone refuses it."""
+    base, _, _, _ = stuck
+    dlq_id = await plant_dead_letter(redis, "rc-dead")
+    context = await browser.new_context()
+    page = await context.new_page()
+    await sign_in(page, base, OPERATOR)
+    await expect(page.locator("header .role")).to_have_text("operator")
+    for form in (
+        {"stream": STREAM, "one": dlq_id},
+        {"stream": STREAM, "one": dlq_id, "csrf": "0" * 64},
+        {"stream": STREAM, "all_matching": "true"},
+    ):
+        forged = await context.request.post(f"{base}/ui/deadletters/delete", form=form)
+        assert forged.status == 403
+        assert "missing or invalid CSRF token" in await forged.text()
     assert await redis.xlen(f"{STREAM}:dlq") == 1
+    # The page's own form, with its token, does what the forged ones could not.
+    await page.goto(f"{base}/ui/deadletters")
+    page.on("dialog", lambda dialog: dialog.accept())
+    await page.locator(f'tr[data-dlq-id="{dlq_id}"] button.delete-one').click()
+    await expect(page.locator(".flash")).to_have_text("Done: deleted 1")
+    assert await redis.xlen(f"{STREAM}:dlq") == 0
     await context.close()
 
 
@@ -259,3 +284,23 @@ async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
         before = len(polls)
         await page.wait_for_timeout(7_000)
         assert len(polls) == before
+
+
+async def test_a_page_whose_session_ended_goes_to_sign_in_whole(
+    browser: Browser, redis: Redis, redis_url: str, database_url: str
+) -> None:
+    """Polling after the session ended: the browser lands on the sign-in page (HX-Redirect),
+    instead of the sign-in form appearing inside the live part of the old page."""
+    async with serve(redis_url, database_url, **env()) as conductor:
+        context = await browser.new_context()
+        page = await context.new_page()
+        await sign_in(page, conductor.url, VIEWER)
+        await page.click("header nav >> text=Agents")
+        await expect(page).to_have_url(re.compile(r"/ui/agents$"))
+        await context.clear_cookies()
+        await expect(page).to_have_url(
+            re.compile(r"/ui/login\?next=%2Fui%2Fagents$"), timeout=10_000
+        )
+        await expect(page.locator("#token")).to_be_visible()
+        assert await page.locator("#live").count() == 0
+        await context.close()

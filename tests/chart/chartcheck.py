@@ -48,6 +48,7 @@ SECRET_ENV = [
     "RIG_OPERATOR_TOKENS",
     "RIG_VIEWER_TOKENS",
     "RIG_REDIS_SENTINEL_PASSWORD",
+    "RIG_SESSION_SECRET",
 ]
 TLS_ENV = ["RIG_REDIS_TLS_CA_FILE", "RIG_REDIS_TLS_CERT_FILE", "RIG_REDIS_TLS_KEY_FILE"]
 
@@ -164,6 +165,7 @@ def cmd_secrets(rendered, mode):
             "RIG_OPERATOR_TOKENS": "operator-tokens",
             "RIG_VIEWER_TOKENS": "viewer-tokens",
             "RIG_REDIS_SENTINEL_PASSWORD": "redis-sentinel-password",
+            "RIG_SESSION_SECRET": "session-secret",
         }
         for env in (dep_env, job_env):
             for name, key in want.items():

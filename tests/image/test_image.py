@@ -26,6 +26,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from tests import needs
 from tests.e2e.fleet import Fleet, accepted_completions, dispatch, heard_from, pending
 from tests.image.hardening import HARDENED, IMAGE, READINESS_PATH
 from tests.integration.helpers import free_port, wait_for
@@ -33,13 +34,9 @@ from tests.integration.helpers import free_port, wait_for
 REPO = Path(__file__).resolve().parents[2]
 CACHE = os.environ.get("RIG_IMAGE_CACHE", "/var/cache/rig-conductor")
 
-pytestmark = [
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        shutil.which("buildah") is None or shutil.which("podman") is None,
-        reason="needs Debian's buildah and podman (.ci/run installs them)",
-    ),
-]
+pytestmark = pytest.mark.timeout(900)
+if shutil.which("buildah") is None or shutil.which("podman") is None:
+    needs.missing("needs Debian's buildah and podman (.ci/run installs them)", module=True)
 
 
 def podman(

@@ -3,9 +3,12 @@ every view and action. The browser tests (tests/browser) drive the same pages in
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -15,147 +18,37 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
+from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres.tables import assignments, events
-from rig_conductor.app import create_app
-from rig_conductor.console import session
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register
-
-S, G = "rig:dispatch", "workers"
-OPERATOR, VIEWER, AGENT = "op-secret", "view-secret", "agent-secret"
+from .console_kit import (
+    AGENT,
+    OPERATOR,
+    VIEWER,
+    G,
+    S,
+    builder,
+    client_of,
+    flash_of,
+    sign_in,
+    stuck,
+)
+from .helpers import owners, register
 
 
 @pytest.fixture
 def build(
     make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
 ) -> Callable[..., FastAPI]:
-    def make(**overrides: Any) -> FastAPI:
-        values: dict[str, Any] = {
-            "agent_ids": ("dev-e", "qa-e"),
-            "streams": (S,),
-            "dispatch_stream": S,
-            "operator_tokens": OPERATOR,
-            "viewer_tokens": VIEWER,
-            "api_tokens": AGENT,
-            "entry_stale_ms": 0,
-        }
-        values.update(overrides)
-        return create_app(make_settings(**values), schedule_reaper=False)
-
-    return make
-
-
-async def _client(app: FastAPI, base: str = "http://c") -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url=base) as client:
-            yield client
+    return builder(make_settings)
 
 
 @pytest.fixture
 async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in _client(build()):
+    async for client in client_of(build()):
         yield client
-
-
-async def sign_in(client: httpx.AsyncClient, token: str) -> str:
-    """Sign in; returns the CSRF token of the overview page."""
-    answer = await client.post("/ui/login", data={"token": token})
-    assert answer.status_code == 303, answer.text
-    page = await client.get("/ui")
-    assert page.status_code == 200
-    return csrf_of(page.text)
-
-
-def csrf_of(html: str) -> str:
-    found = re.search(r'name="csrf" value="([^"]+)"', html)
-    assert found, "no CSRF token on the page"
-    return found.group(1)
-
-
-async def heartbeat(client: httpx.AsyncClient, agent: str, consumer: str) -> None:
-    answer = await client.post(
-        "/api/events",
-        json={"type": "HEARTBEAT", "agentId": agent, "consumer": consumer},
-        headers={"Authorization": f"Bearer {AGENT}"},
-    )
-    assert answer.status_code == 202
-
-
-async def stuck(redis: Redis, client: httpx.AsyncClient, n: int = 5) -> list[str]:
-    """dev-e-0 (no heartbeat: down) holds `n` entries; qa-e-0 heartbeats and holds none."""
-    await fill(redis, S, G, n)
-    held = await read(redis, S, G, "dev-e-0", n)
-    await register(redis, S, G, "qa-e-0")
-    await heartbeat(client, "qa-e", "qa-e-0")
-    return held
-
-
-async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
-    console: httpx.AsyncClient,
-) -> None:
-    first = await console.get("/ui/agents?x=1")
-    assert first.status_code == 303
-    assert first.headers["location"] == "/ui/login?next=%2Fui%2Fagents%3Fx%3D1"
-    wrong = await console.post("/ui/login", data={"token": "guess"})
-    assert wrong.status_code == 401 and "not valid" in wrong.text
-    assert session.COOKIE not in wrong.cookies
-    ok = await console.post("/ui/login", data={"token": VIEWER, "next": "/ui/agents?x=1"})
-    assert ok.status_code == 303 and ok.headers["location"] == "/ui/agents?x=1"
-    cookie = ok.headers["set-cookie"]
-    assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
-    assert "Secure" not in cookie  # plain http here
-    assert VIEWER not in cookie
-    assert (await console.get("/ui/agents")).status_code == 200
-    # An open redirect is refused: `next` must stay inside the console.
-    elsewhere = await console.post("/ui/login", data={"token": VIEWER, "next": "//evil.example/"})
-    assert elsewhere.headers["location"] == "/ui"
-
-
-async def test_the_cookie_is_secure_behind_https(console: httpx.AsyncClient) -> None:
-    ok = await console.post(
-        "/ui/login", data={"token": VIEWER}, headers={"X-Forwarded-Proto": "https"}
-    )
-    assert "Secure" in ok.headers["set-cookie"]
-
-
-async def test_sign_out_forged_and_expired_sessions(
-    console: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await sign_in(console, OPERATOR)
-    cookie = console.cookies[session.COOKIE]
-    console.cookies.clear()
-    # A cookie whose signature does not hold, or made up, is no session.
-    payload, _, signature = cookie.partition(".")
-    for forged in (f"{payload}.{signature[::-1]}", "e30.e30", "garbage", cookie + "x"):
-        console.cookies.set(session.COOKIE, forged)
-        assert (await console.get("/ui")).status_code == 303
-        console.cookies.clear()
-    csrf = await sign_in(console, OPERATOR)
-    out = await console.post("/ui/logout", data={"csrf": csrf})
-    assert out.status_code == 303 and out.headers["location"] == "/ui/login"
-    assert (
-        'rig_session=""' in out.headers["set-cookie"] and "Max-Age=0" in out.headers["set-cookie"]
-    )
-    assert (await console.get("/ui")).status_code == 303
-    monkeypatch.setattr(session, "TTL_S", -1)
-    await console.post("/ui/login", data={"token": OPERATOR})
-    assert (await console.get("/ui")).status_code == 303  # expired at once
-
-
-async def test_actions_need_the_csrf_token(console: httpx.AsyncClient, redis: Redis) -> None:
-    csrf = await sign_in(console, OPERATOR)
-    dlq_id = await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
-    for data in ({"stream": S, "one": dlq_id}, {"stream": S, "one": dlq_id, "csrf": "x" * 64}):
-        answer = await console.post("/ui/deadletters/delete", data=data)
-        assert answer.status_code == 403 and "CSRF" in answer.text
-    assert await redis.xlen(f"{S}:dlq") == 1
-    ok = await console.post(
-        "/ui/deadletters/delete", data={"stream": S, "one": dlq_id, "csrf": csrf}
-    )
-    assert ok.status_code == 303 and "deleted+1" in ok.headers["location"]
-    assert await redis.xlen(f"{S}:dlq") == 0
 
 
 async def test_a_viewer_sees_everything_and_may_change_nothing(
@@ -180,8 +73,7 @@ async def test_a_viewer_sees_everything_and_may_change_nothing(
             "group": G,
             "consumer": "dev-e-0",
             "target": "qa-e-0",
-            "seen_at": "0",
-            "entries": [f"{held[0]}@0"],
+            "entries": [held[0]],
         },
     )
     assert refused.status_code == 403 and "viewer" in refused.text
@@ -196,11 +88,11 @@ async def test_a_viewer_sees_everything_and_may_change_nothing(
 async def test_agent_tokens_act_only_without_operator_tokens(
     build: Callable[..., FastAPI], redis: Redis
 ) -> None:
-    async for console in _client(build()):
+    async for console in client_of(build()):
         csrf = await sign_in(console, AGENT)
         answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
         assert answer.status_code == 403 and "agent" in answer.text
-    async for console in _client(build(operator_tokens="")):
+    async for console in client_of(build(operator_tokens="")):
         csrf = await sign_in(console, AGENT)
         answer = await console.post("/ui/scan", data={"csrf": csrf, "apply": "true"})
         assert answer.status_code == 200 and "Scan done" in answer.text
@@ -280,12 +172,12 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     csrf = await sign_in(console, OPERATOR)
     page = await console.get("/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"})
     boxes = re.findall(r'name="entries" value="([^"]+)"', page.text)
-    seen_at = re.search(r'name="seen_at" value="(\d+)"', page.text)
-    assert len(boxes) == 5 and seen_at
+    assert boxes == held  # the ids, nothing the server would have to trust
     assert re.search(r'<option value="qa-e-0">', page.text)
     assert '<option value="dev-e-0">' not in page.text  # neither the owner nor a down consumer
-    # The owner reads one entry again after the page was drawn: the guard leaves it.
-    await redis.xclaim(S, G, "dev-e-0", 0, [held[2]])
+    # Since the page was drawn, dev-e-0 acked one entry and another was moved to qa-e-0.
+    await redis.xack(S, G, held[3])
+    await redis.xclaim(S, G, "qa-e-0", 0, [held[4]], justid=True)
     caplog.set_level(logging.INFO)
     form = {
         "csrf": csrf,
@@ -293,17 +185,35 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
         "group": G,
         "consumer": "dev-e-0",
         "target": "qa-e-0",
-        "seen_at": seen_at.group(1),
-        "entries": boxes[:3],
+        "entries": [held[0], held[1], held[3], held[4]],
     }
     moved = await console.post("/ui/move", data=form)
-    assert moved.status_code == 303 and "moved+2+of+3" in moved.headers["location"]
+    assert await flash_of(console, moved) == (
+        "moved 2 of 4 to qa-e-0; 2 no longer pending for this consumer"
+    )
     now = await owners(redis, S, G)
-    assert [now[e] for e in held] == ["qa-e-0", "qa-e-0", "dev-e-0", "dev-e-0", "dev-e-0"]
+    assert [now.get(e) for e in held] == ["qa-e-0", "qa-e-0", "dev-e-0", None, "qa-e-0"]
     for entry in held[:2]:
         assert f"[StreamReclaim] Reclaimed {entry} on {S}: dev-e-0 -> qa-e-0" in caplog.text
-    assert f"Reclaimed {held[2]}" not in caplog.text
-    assert re.search(r"\[Console\] operator:[0-9a-f]{8} moved 2 of 3 selected entries", caplog.text)
+    assert f"Reclaimed {held[3]}" not in caplog.text and f"Reclaimed {held[4]}" not in caplog.text
+    assert re.search(
+        r"\[Console\] operator:[0-9a-f]{8} moved 2 of 4 selected entries on rig:dispatch/workers: "
+        r"dev-e-0 -> qa-e-0 \(0 dead-lettered after RIG_MAX_DELIVERIES, 2 not held by dev-e-0\)",
+        caplog.text,
+    )
+    # In JSON too, each line carries reason `manual`.
+    formatter = logs.JsonFormatter()
+    reclaimed = [
+        json.loads(line)
+        for record in caplog.records
+        if record.name == "rig_conductor.reaper.cycle"
+        for line in formatter.format(record).splitlines()
+    ]
+    assert [r["entryId"] for r in reclaimed] == held[:2]
+    assert {r["reason"] for r in reclaimed} == {"manual"}
+    assert (
+        reclaimed[0]["message"] == f"[StreamReclaim] Reclaimed {held[0]} on {S}: dev-e-0 -> qa-e-0"
+    )
     async with engine.connect() as conn:
         row = (await conn.execute(select(events).where(events.c.kind == "RECLAIMED"))).one()
         attempt = (
@@ -323,6 +233,83 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     await register(redis, S, G, "dev-e-1")
     refused = await console.post("/ui/move", data=form)
     assert refused.status_code == 409 and "not live" in refused.text
+
+
+async def test_a_move_guards_each_entry_with_the_idle_time_redis_reported(
+    console: httpx.AsyncClient, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The min-idle of each XCLAIM is the idle time the move looked up, so an entry the owner
+    touches between that look and the claim stays where it is."""
+    held = await stuck(redis, console, 2)
+    csrf = await sign_in(console, OPERATOR)
+    await asyncio.sleep(0.2)  # both entries idle ~200 ms when the move looks
+    looked_up = redis_inspect.held_by
+
+    async def then_touched(*args: Any, **kwargs: Any) -> Any:
+        found = await looked_up(*args, **kwargs)
+        await redis.xclaim(S, G, "dev-e-0", 0, [held[1]], justid=True)  # idle back to 0
+        return found
+
+    monkeypatch.setattr(redis_inspect, "held_by", then_touched)
+    form = {"csrf": csrf, "stream": S, "group": G, "consumer": "dev-e-0", "target": "qa-e-0"}
+    moved = await console.post("/ui/move", data={**form, "entries": held})
+    assert await flash_of(console, moved) == (
+        "moved 1 of 2 to qa-e-0; 1 left: touched since they were looked up"
+    )
+    assert await owners(redis, S, G) == {held[0]: "qa-e-0", held[1]: "dev-e-0"}
+    # An idle time from the form is not an entry id: refused, nothing moves.
+    sneaky = await console.post("/ui/move", data={**form, "entries": [f"{held[1]}@0"]})
+    assert sneaky.status_code == 400
+
+
+async def test_a_move_dead_letters_what_reached_max_deliveries_as_the_reaper_does(
+    console: httpx.AsyncClient,
+    redis: Redis,
+    engine: AsyncEngine,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    held = await stuck(redis, console, 3)
+    for _ in range(4):  # held[0]: delivered 5 times (RIG_MAX_DELIVERIES)
+        await redis.xclaim(S, G, "dev-e-0", 0, [held[0]])
+    async with engine.begin() as conn:  # held[1]: its fifth attempt recorded
+        await conn.execute(
+            assignments.insert().values(
+                tenant="default", stream=S, entry_id=held[1], state="running", attempt=5
+            )
+        )
+    csrf = await sign_in(console, OPERATOR)
+    page = await console.get("/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0"})
+    assert "reached RIG_MAX_DELIVERIES (5) is dead-lettered instead" in page.text
+    caplog.set_level(logging.INFO)
+    moved = await console.post(
+        "/ui/move",
+        data={
+            "csrf": csrf,
+            "stream": S,
+            "group": G,
+            "consumer": "dev-e-0",
+            "target": "qa-e-0",
+            "entries": held,
+        },
+    )
+    assert await flash_of(console, moved) == (
+        "moved 1 of 3 to qa-e-0; 2 dead-lettered: they had reached RIG_MAX_DELIVERIES, "
+        "as the reaper would have done"
+    )
+    assert await owners(redis, S, G) == {held[2]: "qa-e-0"}
+    letters = {f["originalId"]: f for _, f in await redis.xrange(f"{S}:dlq")}
+    assert set(letters) == set(held[:2])
+    assert letters[held[0]]["reason"] == "max-deliveries" and letters[held[0]]["deliveries"] == "5"
+    assert letters[held[1]]["deliveries"] == "5" and letters[held[1]]["issueId"] == "rc-2"
+    for entry in held[:2]:
+        assert f"[StreamReclaim] Dead-lettered {entry} on {S} after 5 deliveries" in caplog.text
+    async with engine.connect() as conn:
+        dead = (await conn.execute(select(events).where(events.c.kind == "DEAD_LETTERED"))).all()
+        states = dict(
+            (await conn.execute(select(assignments.c.entry_id, assignments.c.state))).all()
+        )
+    assert {row.entry_id for row in dead} == set(held[:2])
+    assert states[held[0]] == states[held[1]] == "dead"
 
 
 async def test_dead_letters_filter_requeue_selected_and_delete_all_that_match(
@@ -354,13 +341,13 @@ async def test_dead_letters_filter_requeue_selected_and_delete_all_that_match(
     requeued = await console.post(
         "/ui/deadletters/requeue", data={"csrf": csrf, "stream": S, "ids": shown[:2]}
     )
-    assert requeued.status_code == 303 and "requeued+2" in requeued.headers["location"]
+    assert requeued.status_code == 303 and "done=requeued&n=2" in requeued.headers["location"]
     assert await redis.xlen(S) == 2
     deleted = await console.post(
         "/ui/deadletters/delete",
         data={"csrf": csrf, "stream": S, "q": "beta", "all_matching": "true"},
     )
-    assert "deleted+58" in deleted.headers["location"]
+    assert "done=deleted&n=58" in deleted.headers["location"]
     left = await redis.xrange(f"{S}:dlq")
     assert len(left) == 60 and all(f["repo"] == "alpha" for _, f in left)
     async with engine.connect() as conn:
@@ -406,25 +393,52 @@ async def test_scan_preview_changes_nothing_then_apply_moves_and_shows_in_the_ov
     assert "dev-e-0" in history.text and ">4<" in history.text
 
 
-async def test_an_open_console_needs_no_sign_in_but_still_a_csrf_token(
-    build: Callable[..., FastAPI], redis: Redis
-) -> None:
-    app = build(operator_tokens="", viewer_tokens="", api_tokens="")
-    async for console in _client(app):
-        assert (await console.get("/ui/login")).status_code == 303
-        page = await console.get("/ui/scan")
-        assert page.status_code == 200 and "anonymous" in page.text
-        assert (await console.post("/ui/scan", data={"apply": "true"})).status_code == 403
-        ok = await console.post("/ui/scan", data={"csrf": csrf_of(page.text), "apply": "true"})
-        assert ok.status_code == 200
-
-
-async def test_pages_allow_no_inline_script_or_outside_asset(console: httpx.AsyncClient) -> None:
-    await sign_in(console, VIEWER)
-    page = await console.get("/ui")
-    policy = page.headers["content-security-policy"]
-    assert "script-src 'self'" in policy and "default-src 'self'" in policy
-    assert not re.search(r"<script(?![^>]*(src=|application/json))", page.text)
-    assert not re.search(r'(src|href)="https?://', page.text)
+async def test_the_vendored_assets_are_served(console: httpx.AsyncClient) -> None:
     for name in ("vendor/htmx-2.0.11.min.js", "vendor/uPlot-1.6.32.iife.min.js", "console.css"):
         assert (await console.get(f"/ui/static/{name}")).status_code == 200
+
+
+async def test_reclaim_history_filters_by_stream_agent_reason_and_time(
+    console: httpx.AsyncClient, engine: AsyncEngine
+) -> None:
+    now = datetime.now(UTC)
+    rows = [  # (stream, from agent, to agent, reason, hours ago, first entry)
+        ("rig:dispatch", "dev-e", "qa-e", "down", 0.1, "1-1"),
+        ("rig:dispatch", "qa-e", "dev-e", "stalled", 0.2, "2-1"),
+        ("assignments:dev-e", "dev-e", "ops-e", "pod-gone", 3, "3-1"),
+        ("assignments:ops-e", "ops-e", "qa-e", "manual", 30, "4-1"),
+    ]
+    async with engine.begin() as conn:
+        for stream, source, target, reason, hours, entry in rows:
+            detail = {"toConsumer": f"{target}-0", "toAgent": target, "reason": reason}
+            await conn.execute(
+                events.insert().values(
+                    tenant="default",
+                    kind="RECLAIMED",
+                    occurred_at=now - timedelta(hours=hours),
+                    agent_id=source,
+                    consumer=f"{source}-0",
+                    stream=stream,
+                    group_name=G,
+                    detail=detail,
+                    entry_ids=[entry],
+                )
+            )
+    await sign_in(console, VIEWER)
+
+    async def shown(**query: str) -> list[str]:
+        page = await console.get("/ui/reclaims", params=query)
+        assert page.status_code == 200
+        return re.findall(r'<td class="mono">(\d+-\d+)', page.text)
+
+    assert await shown() == ["4-1", "3-1", "2-1", "1-1"]  # newest id first
+    assert await shown(stream="rig:dispatch") == ["2-1", "1-1"]
+    assert await shown(stream="assignments:ops-e") == ["4-1"]
+    assert await shown(agent="ops-e") == ["4-1", "3-1"]  # entries that left it or went to it
+    assert await shown(agent="dev-e") == ["3-1", "2-1", "1-1"]
+    assert await shown(hours="1") == ["2-1", "1-1"]
+    assert await shown(hours="5") == ["3-1", "2-1", "1-1"]
+    assert await shown(agent="dev-e", stream="rig:dispatch", reason="stalled") == ["2-1"]
+    assert await shown(agent="nobody") == []
+    bad = await console.get("/ui/reclaims", params={"hours": "-1"})
+    assert bad.status_code == 400

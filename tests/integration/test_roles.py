@@ -12,9 +12,13 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.postgres.tables import events, scan_reports
 from rig_conductor.app import create_app
+from rig_conductor.console import session
 from rig_conductor.settings import Settings
+
+from .console_kit import csrf_of
+from .helpers import fill, owners, read, register
 
 S = "rig:dispatch"
 AGENT, OPERATOR, VIEWER = "agent-tok", "operator-tok", "viewer-tok"
@@ -102,6 +106,37 @@ async def test_each_role_may_do_what_the_contract_says(
         assert done.status_code == 201
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "dryRun=true&dryRun=false",  # the guard once read the first, FastAPI binds the last
+        "dryRun=false&dryRun=true&dryRun=0",
+        "dryRun=TRUE&dryRun=no",
+        "dryRun=%74rue&dryRun=off",
+    ],
+)
+async def test_a_repeated_dry_run_cannot_slip_a_real_scan_past_the_role_check(
+    build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine, query: str
+) -> None:
+    await fill(redis, S, "workers", 3)
+    await read(redis, S, "workers", "dev-e-0", 3)  # dev-e never heartbeats: down
+    await register(redis, S, "workers", "dev-e-1")
+    app = build(api_tokens=AGENT, operator_tokens=OPERATOR, viewer_tokens=VIEWER, entry_stale_ms=0)
+    async for api in _client(app):
+        for token in (VIEWER, AGENT):
+            answer = await api.post(f"/api/reaper/scan?{query}", headers=bearer(token))
+            assert answer.status_code == 403, answer.text
+        assert set((await owners(redis, S, "workers")).values()) == {"dev-e-0"}
+        async with engine.connect() as conn:
+            scans = (await conn.execute(select(scan_reports))).all()
+        assert scans == []  # refused before any scan ran
+        # The value the route parsed decides for everyone: the last one.
+        last_true = await api.post(
+            "/api/reaper/scan?dryRun=false&dryRun=true", headers=bearer(VIEWER)
+        )
+        assert last_true.status_code == 200 and last_true.json()["dryRun"] is True
+
+
 async def test_without_operator_tokens_agent_tokens_may_change_things(
     build: Callable[..., FastAPI], redis: Redis
 ) -> None:
@@ -160,6 +195,43 @@ async def test_served_under_a_root_path_whether_the_ingress_strips_it_or_not(
         assert asset.status_code == 200 and "uPlot" in asset.text
         openapi = (await api.get(f"{prefix}/openapi.json")).json()
         assert "/api/deadletters" in openapi["paths"]
+
+
+@pytest.mark.parametrize("stripped", [False, True], ids=["prefix-kept", "prefix-stripped"])
+async def test_signing_in_under_a_root_path_whether_the_ingress_strips_it_or_not(
+    build: Callable[..., FastAPI], stripped: bool
+) -> None:
+    """What the browser sees always carries the prefix: redirects, the form's action, and the
+    cookies' Path (a cookie for /ui would never be sent back to /rig/ui)."""
+    app = build(http_root_path="/rig", operator_tokens=OPERATOR)
+    prefix = "" if stripped else "/rig"
+    async for api in _client(app):
+        api.cookies.clear()
+        first = await api.get(f"{prefix}/ui/agents")
+        assert first.status_code == 303
+        assert first.headers["location"] == "/rig/ui/login?next=%2Frig%2Fui%2Fagents"
+        form = await api.get(f"{prefix}/ui/login", params={"next": "/rig/ui/agents"})
+        assert 'action="/rig/ui/login"' in form.text
+        assert 'href="/rig/ui/static/console.css"' in form.text
+        pre = form.cookies[session.PRE_COOKIE]
+        assert "Path=/rig/ui;" in form.headers["set-cookie"]
+        csrf = csrf_of(form.text)
+        signed = await api.post(
+            f"{prefix}/ui/login",
+            data={"token": OPERATOR, "next": "/rig/ui/agents", "csrf": csrf},
+            headers={"Cookie": f"{session.PRE_COOKIE}={pre}"},
+        )
+        assert signed.status_code == 303 and signed.headers["location"] == "/rig/ui/agents"
+        cookie = next(
+            c for c in signed.headers.get_list("set-cookie") if c.startswith(session.COOKIE)
+        )
+        assert "Path=/rig/ui;" in cookie and "HttpOnly" in cookie
+        own = {"Cookie": f"{session.COOKIE}={signed.cookies[session.COOKIE]}"}
+        page = await api.get(f"{prefix}/ui/agents", headers=own)
+        assert page.status_code == 200 and 'action="/rig/ui/logout"' in page.text
+        out = await api.post(f"{prefix}/ui/logout", data={"csrf": csrf_of(page.text)}, headers=own)
+        assert out.status_code == 303 and out.headers["location"] == "/rig/ui/login"
+        assert "Path=/rig/ui" in out.headers["set-cookie"]
 
 
 def test_a_root_path_must_be_a_path(make_settings: Callable[..., Settings]) -> None:

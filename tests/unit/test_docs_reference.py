@@ -61,3 +61,26 @@ def test_the_readme_links_only_inside_the_repository() -> None:
         if target.startswith(("http://", "https://", "#")):
             continue
         assert (REPO / target.split("#")[0]).exists(), target
+
+
+def test_the_operating_page_lists_every_label_of_every_metric() -> None:
+    """docs/operating.md is written by hand: its metrics table must carry the code's labels."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from rig_conductor.metrics import Metrics
+
+    page = (REPO / "docs" / "operating.md").read_text()
+    rows = {
+        row[0].strip("` "): row[2]
+        for line in page.splitlines()
+        if line.startswith("| `rig_")
+        for row in [line.strip("|").split("|")]
+    }
+    for metric in vars(Metrics()).values():
+        if not isinstance(metric, MetricWrapperBase) or not metric._labelnames:
+            continue
+        name = metric._name + ("_total" if metric._type == "counter" else "")
+        if name not in rows:
+            continue  # the page lists the contract's metrics; the reference lists them all
+        listed = {label.split("(")[0].strip() for label in rows[name].split(",")}
+        assert set(metric._labelnames) <= listed, (name, rows[name])

@@ -45,6 +45,7 @@ CONTRACT_DEFAULTS = {
     "RIG_REDIS_TLS_CERT_FILE": None,
     "RIG_REDIS_TLS_KEY_FILE": None,
     "RIG_REDIS_WAIT_REPLICAS": 0,
+    "RIG_SESSION_SECRET": None,
 }
 
 
@@ -108,6 +109,7 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_DATABASE_URL", "mysql://u@h/db", "postgresql://"),
         ("RIG_STREAMS", " , ", "at least one stream"),
         ("RIG_EVENT_RETENTION_DAYS", "0", "greater than or equal to 1"),
+        ("RIG_SESSION_SECRET", "too-short", "at least 32 characters"),
     ],
 )
 def test_bad_value_names_the_variable(
@@ -155,3 +157,18 @@ def test_cli_runs_as_a_module_without_traceback(monkeypatch: pytest.MonkeyPatch)
 def test_sqlalchemy_url_uses_psycopg3() -> None:
     settings = Settings(database_url="postgresql://u:p%40ss@db:5432/rig")
     assert settings.sqlalchemy_url == "postgresql+psycopg://u:p%40ss@db:5432/rig"
+
+
+def test_the_session_secret_is_optional_and_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIG_SESSION_SECRET", "   ")
+    assert load_settings().session_secret is None
+    secret = "s3cret-" * 6
+    monkeypatch.setenv("RIG_SESSION_SECRET", secret)
+    settings = load_settings()
+    assert settings.session_secret is not None
+    assert settings.session_secret.get_secret_value() == secret
+    assert settings.describe()["RIG_SESSION_SECRET"] == "<hidden>"
+    monkeypatch.setenv("RIG_SESSION_SECRET", secret[:20])
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert secret[:20] not in str(caught.value)

@@ -105,7 +105,7 @@ A comma list from either a string or a list of strings.
 {{- end }}
 
 {{/*
-Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL and the tokens.
+Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL, the tokens and RIG_SESSION_SECRET.
 */}}
 {{- define "rig-conductor.secretName" -}}
 {{- if .Values.secrets.existingSecret }}
@@ -138,6 +138,9 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.existingSecretKeys.redisSentinelPassword }}
 {{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" $s.existingSecretKeys.redisSentinelPassword "optional" true) }}
 {{- end }}
+{{- if $s.existingSecretKeys.sessionSecret }}
+{{- $items = append $items (dict "env" "RIG_SESSION_SECRET" "key" $s.existingSecretKeys.sessionSecret "optional" true) }}
+{{- end }}
 {{- else }}
 {{- if $s.databaseUrl }}
 {{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" "RIG_DATABASE_URL" "optional" false) }}
@@ -157,6 +160,9 @@ Secret uses the variable names as keys and only holds the values that are set.
 {{- if $s.redisSentinelPassword }}
 {{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" "RIG_REDIS_SENTINEL_PASSWORD" "optional" false) }}
 {{- end }}
+{{- if $s.sessionSecret }}
+{{- $items = append $items (dict "env" "RIG_SESSION_SECRET" "key" "RIG_SESSION_SECRET" "optional" false) }}
+{{- end }}
 {{- end }}
 {{- toJson $items }}
 {{- end }}
@@ -166,7 +172,7 @@ True when the chart renders its own Secret.
 */}}
 {{- define "rig-conductor.createSecret" -}}
 {{- $s := .Values.secrets }}
-{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword) }}true{{ end }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword $s.sessionSecret) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -192,6 +198,9 @@ RIG_VIEWER_TOKENS: {{ $s.viewerTokens | b64enc | quote }}
 {{- end }}
 {{- if $s.redisSentinelPassword }}
 RIG_REDIS_SENTINEL_PASSWORD: {{ $s.redisSentinelPassword | b64enc | quote }}
+{{- end }}
+{{- if $s.sessionSecret }}
+RIG_SESSION_SECRET: {{ $s.sessionSecret | b64enc | quote }}
 {{- end }}
 {{- end }}
 

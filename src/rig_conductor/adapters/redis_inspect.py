@@ -1,5 +1,6 @@
 """Reads and small changes for the operator console: one consumer's pending entries a page at a
-time, the fields of entries, dead-letter counts and pages, and deleting a dead letter.
+time, the fields of entries, dead-letter counts and pages, deleting a dead letter, and the
+markers of signed-out sessions.
 
 Every read is bounded: a page of a consumer's pending list is one `XPENDING ... <count>
 <consumer>` from a cursor (the consumer's own list, never the group's), however long it is.
@@ -11,9 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.adapters.redis_streams import DeadLetter, dlq_key, list_dead_letters
-from rig_conductor.domain import ConsumerName, GroupName, StreamKey
+from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis_streams import (
+    DeadLetter,
+    dead_letter_of,
+    dlq_key,
+    list_dead_letters,
+)
+from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +64,40 @@ async def pending_page(
     ]
 
 
+async def held_by(
+    client: AnyRedis,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    consumer: ConsumerName,
+    ids: Sequence[str],
+) -> dict[str, PendingEntry]:
+    """Each of `ids` that `consumer` holds now, with its idle time and delivery count as Redis
+    sees them: one `XPENDING <stream> <group> <id> <id> 1 <consumer>` per id, pipelined, so one
+    round trip and a cheap lookup each, however long the pending list. Redis refusing the
+    lookup (no such group) raises."""
+    if not ids:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for entry_id in ids:
+            pipe.xpending_range(
+                stream, group, min=entry_id, max=entry_id, count=1, consumername=consumer
+            )
+        replies = await pipe.execute(raise_on_error=False)
+    found: dict[str, PendingEntry] = {}
+    for entry_id, reply in zip(ids, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        for row in reply:
+            found[entry_id] = PendingEntry(
+                EntryId(str(row["message_id"])),
+                ConsumerName(str(row["consumer"])),
+                int(row["time_since_delivered"]),
+                int(row["times_delivered"]),
+            )
+    return found
+
+
 async def entry_fields(
     client: AnyRedis, *, stream: StreamKey, ids: Sequence[str]
 ) -> dict[str, dict[str, str]]:
@@ -96,12 +137,40 @@ async def dead_letter_page(
     return letters, (letters[-1].dlq_id if len(letters) == count else None)
 
 
-async def delete_dead_letter(client: AnyRedis, *, stream: StreamKey, dlq_id: str) -> bool:
-    """Delete one dead letter; False when there was none with that id."""
-    return bool(await client.xdel(dlq_key(stream, client), dlq_id))
+async def dead_letters_by_id(
+    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
+) -> dict[str, DeadLetter]:
+    """The dead letters of `stream` with these ids (those that exist), in one round trip."""
+    if not dlq_ids:
+        return {}
+    key = dlq_key(stream, client)
+    async with client.pipeline(transaction=False) as pipe:
+        for dlq_id in dlq_ids:
+            pipe.xrange(key, min=dlq_id, max=dlq_id, count=1)
+        replies = await pipe.execute()
+    return {reply[0][0]: dead_letter_of(reply[0][0], reply[0][1]) for reply in replies if reply}
 
 
-async def server_time_ms(client: AnyRedis) -> int:
-    """Redis's own clock (TIME), in milliseconds: idle times are measured on it."""
-    seconds, micros = await client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
+async def delete_dead_letters(
+    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
+) -> list[bool]:
+    """Delete each dead letter, in one round trip; per id, whether there was one to delete."""
+    if not dlq_ids:
+        return []
+    key = dlq_key(stream, client)
+    async with client.pipeline(transaction=False) as pipe:
+        for dlq_id in dlq_ids:
+            pipe.xdel(key, dlq_id)
+        replies = await pipe.execute()
+    return [bool(reply) for reply in replies]
+
+
+async def revoke_session(client: AnyRedis, *, stream: StreamKey, nonce: str, ttl_ms: int) -> None:
+    """Mark a session signed out for `ttl_ms` (until it would have expired anyway)."""
+    key = redis_keys.revoked_session_key(stream, nonce, clustered=is_clustered(client))
+    await client.set(key, "1", px=max(1, ttl_ms))
+
+
+async def session_revoked(client: AnyRedis, *, stream: StreamKey, nonce: str) -> bool:
+    key = redis_keys.revoked_session_key(stream, nonce, clustered=is_clustered(client))
+    return bool(await client.exists(key))

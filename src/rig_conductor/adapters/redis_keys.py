@@ -46,5 +46,12 @@ def dispatched_key(stream: str, key: str, *, clustered: bool = False) -> str:
     return f"{slot_prefix(stream, clustered=clustered)}:dispatched:{key}"
 
 
+def revoked_session_key(stream: str, nonce: str, *, clustered: bool = False) -> str:
+    """The marker that the console session with `nonce` was signed out (kept until it would
+    have expired), in the dispatch stream's name space: the ACL rules that let the conductor
+    mark dispatches let it mark these."""
+    return f"{slot_prefix(stream, clustered=clustered)}:console-revoked:{nonce}"
+
+
 def is_dlq(name: str) -> bool:
     return name.endswith(DLQ_SUFFIX)

@@ -400,29 +400,45 @@ async def list_dead_letters(
     rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(  # type: ignore[assignment]
         dlq_key(stream, client), max=before, count=count
     )
-    letters: list[DeadLetter] = []
-    for dlq_id, fields in rows:
-        letters.append(
-            DeadLetter(
-                dlq_id=dlq_id,
-                original_id=fields.get("originalId", ""),
-                group=fields.get("group", ""),
-                consumer=fields.get("consumer", ""),
-                deliveries=int(fields.get("deliveries") or 0),
-                reason=fields.get("reason", ""),
-                fields={k: v for k, v in fields.items() if k not in _DIAGNOSTICS},
-            )
-        )
-    return letters
+    return [dead_letter_of(dlq_id, fields) for dlq_id, fields in rows]
+
+
+def dead_letter_of(dlq_id: str, fields: Mapping[str, str]) -> DeadLetter:
+    """A DLQ entry's fields as a `DeadLetter`: the diagnostics apart from the original fields."""
+    return DeadLetter(
+        dlq_id=dlq_id,
+        original_id=fields.get("originalId", ""),
+        group=fields.get("group", ""),
+        consumer=fields.get("consumer", ""),
+        deliveries=int(fields.get("deliveries") or 0),
+        reason=fields.get("reason", ""),
+        fields={k: v for k, v in fields.items() if k not in _DIAGNOSTICS},
+    )
 
 
 async def requeue(
     client: AnyRedis, *, stream: StreamKey, dlq_id: str
 ) -> tuple[str, str | None] | None:
     """Put a dead letter back on its stream as a new entry; None when there is no such letter."""
+    [done] = await requeue_many(client, stream=stream, dlq_ids=[dlq_id])
+    return done
+
+
+async def requeue_many(
+    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
+) -> list[tuple[str, str | None] | None]:
+    """`requeue` each of `dlq_ids` (each atomic), in one round trip: per id, (the new entry's
+    id, its issueId) or None when there was no such letter."""
+    if not dlq_ids:
+        return []
     script = client.register_script(_REQUEUE_LUA)
-    reply = await script(keys=[dlq_key(stream, client), stream], args=[dlq_id])
-    if not reply:
-        return None
-    new_id, issue = reply
-    return str(new_id), (str(issue) if issue else None)
+    keys = [dlq_key(stream, client), stream]
+    if isinstance(client, RedisCluster):
+        # The cluster client runs no scripts inside pipelines: one call each, on the stream's node.
+        replies = [await script(keys=keys, args=[dlq_id]) for dlq_id in dlq_ids]
+    else:
+        async with client.pipeline(transaction=False) as pipe:
+            for dlq_id in dlq_ids:
+                await script(keys=keys, args=[dlq_id], client=pipe)
+            replies = await pipe.execute()
+    return [(str(r[0]), str(r[1]) if r[1] else None) if r else None for r in replies]

@@ -86,7 +86,7 @@ class RoleGuard:
                 send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
             )
             return
-        need = roles.api_need(scope["method"], path, scope.get("query_string", b""))
+        need = roles.api_need(scope["method"], path)
         if not self.tokens.allows(caller, need):
             await answer(send, 403, f"the {caller.role.name.lower()} role may not do this")
             return

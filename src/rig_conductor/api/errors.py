@@ -1,26 +1,32 @@
 """Error answers: 422 naming the field, 413 over the body limit, 503 when a dependency is down.
 
-Nothing a client sends produces a 500.
+Nothing a client sends produces a 500 (or a 503: a Redis error reply caused by what the request
+named is a 422). The console's requests (under /ui) get the same statuses as a page of the
+console (`Pages`), its bad input as a 400.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
 from rig_conductor.adapters import failures
-from rig_conductor.api.access import AccessLog, RoleGuard, RootPath, answer, header
+from rig_conductor.api.access import AccessLog, RoleGuard, RootPath, answer, header, route_path
 from rig_conductor.domain import NotLeading
 
 logger = logging.getLogger(__name__)
+
+# Renders an error of a console request as a page: (request, status, message) -> response.
+Pages = Callable[[Request, int, str], Response]
 
 MAX_BODY_BYTES = 64 * 1024
 RETRY_AFTER_S = "5"
@@ -42,7 +48,15 @@ def field_of(location: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "body"
 
 
-async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+def _console(request: Request) -> Pages | None:
+    """The console's error pages, for a request under /ui (None for the API)."""
+    pages: Pages | None = getattr(request.app.state, "error_pages", None)
+    if pages is not None and route_path(request.scope).startswith("/ui"):
+        return pages
+    return None
+
+
+async def _invalid(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = [
         {
@@ -52,9 +66,10 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
         }
         for e in exc.errors()
     ]
+    pages = _console(request)
     content_type = request.headers.get("content-type", "")
     body_failed = any(e["loc"] and e["loc"][0] == "body" for e in exc.errors())
-    if body_failed and "json" not in content_type:
+    if body_failed and "json" not in content_type and pages is None:
         errors.insert(
             0,
             {
@@ -65,22 +80,48 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
             },
         )
     first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+    if pages is not None:  # a form of the console
+        return pages(request, 400, f"Bad request: {first['field']}: {first['message']}")
     return JSONResponse(
         status_code=422,
         content={"detail": f"{first['field']}: {first['message']}", "errors": errors},
     )
 
 
-async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
+async def _unavailable(request: Request, exc: Exception) -> Response:
     which = failures.which(exc)
     logger.warning(
         "%s %s answered 503: %s unavailable: %s", request.method, request.url.path, which, exc
     )
-    return JSONResponse(
-        status_code=503,
-        content={"detail": f"{which} is unavailable; retry later"},
-        headers={"Retry-After": RETRY_AFTER_S},
+    return _answer(request, 503, f"{which} is unavailable; retry later")
+
+
+async def _redis_refused(request: Request, exc: Exception) -> Response:
+    """A Redis error reply: an outage only when it says so."""
+    if failures.judge(exc) == "unavailable":
+        return await _unavailable(request, exc)
+    logger.error(
+        "%s %s answered 503: Redis refused a command: %s", request.method, request.url.path, exc
     )
+    return _answer(request, 503, "Redis refused a command; see the conductor's log")
+
+
+async def _refused_request(request: Request, exc: Exception) -> Response:
+    """Redis refused what the client named (`failures.named_by_request`): the client's mistake."""
+    logger.info("%s %s answered 422: Redis refused: %s", request.method, request.url.path, exc)
+    detail = f"Redis refused the request: {exc}"
+    if (pages := _console(request)) is not None:
+        return pages(request, 400, detail)
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
+def _answer(request: Request, status: int, detail: str) -> Response:
+    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else {}
+    if (pages := _console(request)) is not None:
+        response = pages(request, status, detail)
+        response.headers.update(headers)
+        return response
+    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse | Any:
@@ -106,8 +147,11 @@ def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(NotLeading, _not_leading)
+    app.add_exception_handler(failures.RefusedRequest, _refused_request)
     for error in failures.UNAVAILABLE:
         app.add_exception_handler(error, _unavailable)
+    for error in failures.REFUSED:  # more specific than RedisError: chosen first
+        app.add_exception_handler(error, _redis_refused)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
     app.add_middleware(RoleGuard, tokens=tokens)  # before the body is read
     app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too

@@ -16,7 +16,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-_U64 = 2**64
+from rig_conductor import domain
 
 
 def _storable(value: str) -> str:
@@ -30,18 +30,15 @@ def _storable(value: str) -> str:
     return value
 
 
-def _stream_id(value: str) -> str:
-    milliseconds, sequence = (int(part) for part in value.split("-"))
-    if milliseconds >= _U64 or sequence >= _U64:
-        raise ValueError("is not a Redis stream id: both parts must be below 2^64")
-    return value
-
-
 # Strict types: a number where a string belongs is a 422, not silently converted.
 Name = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_storable)]
-ENTRY_ID_PATTERN = r"^\d{1,20}-\d{1,20}$"
+# A stream entry id, in a body or a query: `domain.entry_id` (both parts <= 2^64-1), with the
+# pattern published in the OpenAPI document.
+ENTRY_ID_PATTERN = domain.ENTRY_ID_PATTERN
 EntryIdField = Annotated[
-    StrictStr, Field(pattern=ENTRY_ID_PATTERN, max_length=41), AfterValidator(_stream_id)
+    StrictStr,
+    Field(pattern=ENTRY_ID_PATTERN, max_length=domain.ENTRY_ID_MAX_LENGTH),
+    AfterValidator(domain.entry_id),
 ]
 
 

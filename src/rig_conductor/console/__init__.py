@@ -3,22 +3,25 @@ uPlot for the time series, all served from the package (nothing from a CDN)."""
 
 from __future__ import annotations
 
-import html
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
-from rig_conductor.console import actions, pages, web
+from rig_conductor.console import actions, pages, signin, web
+from rig_conductor.operations import sessions
 
 
 def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.state.console_tokens = tokens
+    app.state.error_pages = web.problem  # the API's error handlers answer /ui with these
     app.add_middleware(ServerTiming)
     app.mount("/ui/static", StaticFiles(directory=web.STATIC), name="console-static")
+    app.state.sign_in_throttle = sessions.SignInThrottle()
+    app.include_router(signin.router, prefix="/ui")
     app.include_router(actions.router, prefix="/ui")
     app.include_router(pages.router, prefix="/ui")
     app.add_exception_handler(web.SignInRequired, _sign_in)
@@ -26,17 +29,20 @@ def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
 
 
 async def _sign_in(request: Request, exc: Exception) -> Response:
+    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    if request.headers.get("hx-request"):
+        # A page's live part polling after the session ended: the whole page goes to sign-in
+        # (a redirect would be followed by the XHR and the form swapped into the live part).
+        to = web.url(request, "/login", next=here)
+        return Response(status_code=401, headers={"HX-Redirect": to, **web.SECURITY_HEADERS})
     if request.method == "GET":
-        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return web.redirect(request, "/login", next=here)
-    return HTMLResponse("sign in first", status_code=401)
+    return web.problem(request, 401, "Your session has ended: sign in again.")
 
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, web.Refused)
-    return HTMLResponse(
-        f"<p>{html.escape(exc.detail)}</p>", status_code=exc.status, headers=web.SECURITY_HEADERS
-    )
+    return web.problem(request, exc.status, exc.detail)
 
 
 class ServerTiming:

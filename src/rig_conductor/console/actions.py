@@ -1,15 +1,15 @@
-"""The console's actions (POST): sign in and out, requeue and delete dead letters, move pending
-entries by hand, preview and run a scan. Each change needs the session's CSRF token and a role
-that may change things, and leaves an audit line and an event-log row."""
+"""The console's actions (POST): requeue and delete dead letters, move pending entries by hand,
+preview and run a scan (signing in and out: `signin`). Each change needs the session's CSRF
+token and a role that may change things, and leaves an audit line and an event-log row."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import Response
 
-from rig_conductor.console import session, web
+from rig_conductor.console import web
 from rig_conductor.console.session import Session
 from rig_conductor.domain import NotLeading, StreamKey
 from rig_conductor.operations import deadletters, moves, scans
@@ -21,48 +21,14 @@ Csrf = Annotated[str | None, Form()]
 Field = Annotated[str, Form(max_length=256)]
 
 
-@router.get("/login")
-async def login_form(request: Request, next: str = "") -> Response:
-    if web.tokens(request).open:
-        return web.redirect(request, "")
-    return _login_page(request, next=next)
-
-
-@router.post("/login")
-async def login(
-    request: Request,
-    token: Annotated[str, Form(max_length=4096)],
-    next: Annotated[str, Form(max_length=2048)] = "",
-) -> Response:
-    signed = session.sign_in(web.tokens(request), token)
-    if signed is None:
-        return _login_page(request, next=next, error="That token is not valid.", status=401)
-    _, cookie = signed
-    root = web.url(request, "")
-    target = next if next.startswith(root) and "//" not in next else root
-    response = web.redirect(request, "")
-    response.headers["location"] = target
-    web.set_cookie(request, response, cookie)
-    return response
-
-
-@router.post("/logout")
-async def logout(request: Request, you: SessionDep, csrf: Csrf = None) -> Response:
-    if not you.csrf_ok(csrf or request.headers.get("x-csrf-token")):
-        raise web.Refused(403, "missing or invalid CSRF token; reload the page")
-    response = web.redirect(request, "/login")
-    response.delete_cookie(session.COOKIE, path=web.url(request, ""))
-    return response
-
-
 @router.post("/deadletters/requeue")
 async def requeue(
     request: Request,
     you: SessionDep,
     stream: Field,
     csrf: Csrf = None,
-    ids: Annotated[list[str] | None, Form()] = None,
-    one: Annotated[str | None, Form()] = None,
+    ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
+    one: Annotated[web.EntryIdText | None, Form()] = None,
     all_matching: Annotated[bool, Form()] = False,
     q: Field = "",
     reason: Field = "",
@@ -70,9 +36,10 @@ async def requeue(
     """`one` (a row's own button) alone, else the selected `ids`, else all that match."""
     web.require_change(request, you, csrf)
     chosen = [one] if one else ids
-    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, True)
+    key = web.stream_key(request, stream)
+    count = await _each(request, you, key, chosen, all_matching, q, reason, True)
     return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"requeued {count}"
+        request, "/deadletters", stream=stream, q=q, reason=reason, done="requeued", n=count
     )
 
 
@@ -82,17 +49,18 @@ async def delete(
     you: SessionDep,
     stream: Field,
     csrf: Csrf = None,
-    ids: Annotated[list[str] | None, Form()] = None,
-    one: Annotated[str | None, Form()] = None,
+    ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
+    one: Annotated[web.EntryIdText | None, Form()] = None,
     all_matching: Annotated[bool, Form()] = False,
     q: Field = "",
     reason: Field = "",
 ) -> Response:
     web.require_change(request, you, csrf)
     chosen = [one] if one else ids
-    count = await _each(request, you, StreamKey(stream), chosen, all_matching, q, reason, False)
+    key = web.stream_key(request, stream)
+    count = await _each(request, you, key, chosen, all_matching, q, reason, False)
     return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done=f"deleted {count}"
+        request, "/deadletters", stream=stream, q=q, reason=reason, done="deleted", n=count
     )
 
 
@@ -112,20 +80,9 @@ async def _each(
         return await deadletters.apply_to_matching(
             rt, you.caller, stream=stream, where=where, requeueing=requeueing
         )
-    done = 0
-    for dlq_id in ids or []:
-        if requeueing:
-            ok = bool(
-                await deadletters.requeue(
-                    rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
-                )
-            )
-        else:
-            ok = await deadletters.delete(
-                rt, you.caller, stream=stream, dlq_id=dlq_id, console=True
-            )
-        done += ok
-    return done
+    return await deadletters.apply_to(
+        rt, you.caller, stream=stream, dlq_ids=ids or [], requeueing=requeueing
+    )
 
 
 @router.post("/move")
@@ -136,28 +93,22 @@ async def move(
     group: Field,
     consumer: Field,
     target: Field,
-    seen_at: Annotated[int, Form()],
     csrf: Csrf = None,
-    entries: Annotated[list[str] | None, Form()] = None,
+    entries: Annotated[list[web.EntryIdText] | None, Form()] = None,
 ) -> Response:
-    """`entries` are `<id>@<idle ms>` as the page showed them."""
+    """`entries` are the ids of the selected entries; what they are now (owner, idle time,
+    deliveries) the move reads from Redis, not from the form."""
     web.require_change(request, you, csrf)
-    seen = []
-    for item in entries or []:
-        entry_id, _, idle = item.partition("@")
-        if not idle.isdigit():
-            return HTMLResponse(f"malformed entry {item!r}", status_code=422)
-        seen.append(moves.Seen(entry_id, int(idle)))
+    key = web.stream_key(request, stream)
     try:
-        moved = await moves.move(
+        done = await moves.move(
             web.runtime(request),
             you.caller,
-            stream=stream,
+            stream=key,
             group=group,
             owner=consumer,
             target=target,
-            entries=seen,
-            seen_at_ms=seen_at,
+            ids=entries or [],
         )
     except moves.MoveRefused as exc:
         return web.page(request, "error.html", you, status_code=409, message=str(exc))
@@ -167,7 +118,13 @@ async def move(
         stream=stream,
         group=group,
         consumer=consumer,
-        done=f"moved {len(moved)} of {len(seen)} to {target}",
+        done="moved",
+        n=len(done.moved),
+        of=done.selected,
+        to=target,
+        dead=len(done.dead_lettered),
+        gone=len(done.not_held),
+        left=done.left,
     )
 
 
@@ -191,13 +148,3 @@ async def scan(
     if apply:
         await scans.record_console_scan(rt, you.caller, report)
     return web.page(request, "scan.html", you, report=report, dry_run=not apply)
-
-
-def _login_page(request: Request, *, next: str, error: str = "", status: int = 200) -> Response:
-    body = web.templates.get_template("login.html").render(
-        url=lambda path, **q: web.url(request, path, **q),
-        static=lambda name: web.url(request, f"/static/{name}"),
-        next=next,
-        error=error,
-    )
-    return HTMLResponse(body, status_code=status, headers=web.SECURITY_HEADERS)

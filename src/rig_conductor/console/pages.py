@@ -11,10 +11,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse
 
-from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
-from rig_conductor.domain import StreamKey
 from rig_conductor.operations import deadletters, views
 
 router = APIRouter(include_in_schema=False)
@@ -52,6 +50,7 @@ async def overview(request: Request, you: SessionDep) -> HTMLResponse:
 @router.get("/group")
 async def group(request: Request, you: SessionDep, stream: Text, name: Text) -> HTMLResponse:
     rt = web.runtime(request)
+    stream = web.stream_key(request, stream)
     try:
         info, consumers = await views.group(rt, stream=stream, name=name)
     except LookupError as exc:
@@ -66,14 +65,15 @@ async def pending(
     stream: Text,
     group: Text,
     consumer: Text,
-    after: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
+    stream = web.stream_key(request, stream)
     try:
         info, consumers = await views.group(rt, stream=stream, name=group)
     except LookupError as exc:
         return web.page(request, "error.html", you, status_code=404, message=str(exc))
-    rows, seen_at = await views.pending(
+    rows = await views.pending(
         rt, stream=stream, group=group, consumer=consumer, after=after, count=PEL_PAGE
     )
     owner = next((c for c in consumers if c.name == consumer), None)
@@ -88,23 +88,14 @@ async def pending(
         after=after,
         next_after=rows[-1].id if len(rows) == PEL_PAGE else None,
         targets=[c for c in consumers if c.target and c.name != consumer],
-        seen_at=seen_at,
+        flash_targets={c.name for c in consumers},
+        max_deliveries=rt.settings.max_deliveries,
     )
 
 
 @router.get("/agents")
 async def agents(request: Request, you: SessionDep) -> HTMLResponse:
-    rt = web.runtime(request)
-    now, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
-    down_ms = rt.settings.agent_down_ms
-    listed = []
-    for row in rows:
-        age = max(0, int((now - row.last_heartbeat_at).total_seconds() * 1000))
-        state = "down" if age >= down_ms else ("degraded" if row.degraded else "up")
-        listed.append((row, age, state))
-    heard = {row.agent_id for row in rows}
-    never = sorted(a for a in rt.settings.agent_ids if a not in heard)
-    return web.page(request, "agents.html", you, agents=listed, never=never)
+    return web.page(request, "agents.html", you, agents=await views.agents(web.runtime(request)))
 
 
 @router.get("/deadletters")
@@ -114,10 +105,10 @@ async def dead_letters(
     stream: Text = "",
     q: Text = "",
     reason: Text = "",
-    before: Annotated[str | None, Query(max_length=64)] = None,
+    before: Annotated[web.EntryIdText | None, Query(max_length=64)] = None,
 ) -> HTMLResponse:
     rt = web.runtime(request)
-    key = StreamKey(stream or rt.settings.dispatch_stream)
+    key = web.stream_key(request, stream or rt.settings.dispatch_stream)
     where = deadletters.Filter(text=q, reason=reason)
     letters, next_before = await deadletters.find(
         rt, stream=key, where=where, before=before, count=DLQ_PAGE
@@ -147,12 +138,12 @@ async def reclaims(
 ) -> HTMLResponse:
     rt = web.runtime(request)
     since = datetime.now(UTC) - timedelta(hours=hours) if hours else None
-    rows = await history.reclaims(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        where=history.ReclaimFilter(
-            stream=stream or None, agent=agent or None, reason=reason or None, since=since
-        ),
+    rows = await views.reclaims(
+        rt,
+        stream=stream or None,
+        agent=agent or None,
+        reason=reason or None,
+        since=since,
         limit=HISTORY_ROWS,
     )
     return web.page(

@@ -1,14 +1,16 @@
 """Console sessions: a signed cookie after signing in with a token, and CSRF tokens.
 
 The cookie holds who signed in (the token's fingerprint, never the token), an expiry and a
-random nonce, signed with a key derived from the token itself: it cannot be forged without the
-token, every replica can check it, and removing the token from the settings ends its sessions.
-A token moved to another role no longer matches its sessions: its holder signs in again.
-With no tokens configured at all the console is open, as the API is: sessions are anonymous
-operators signed with a key of this process.
+random nonce, signed with a key derived (HMAC) from the server's secret, RIG_SESSION_SECRET,
+and the token: it cannot be forged without both, every replica with the same secret can check
+it, and removing the token from the settings ends its sessions. A token moved to another role
+no longer matches its sessions: its holder signs in again. Signing out ends a session before
+its expiry (`operations.sessions`). With no tokens configured at all the console is open, as
+the API is: sessions are anonymous operators.
 
 CSRF: every change carries `csrf`, an HMAC of the session's nonce; the cookie is HttpOnly and
-SameSite=Strict besides, and Secure over https.
+SameSite=Strict besides, and Secure over https. The sign-in form has one too, before there is a
+session: an HMAC of a random nonce kept in a cookie of its own (`PRE_COOKIE`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from dataclasses import dataclass
 from rig_conductor import roles
 
 COOKIE = "rig_session"
+PRE_COOKIE = "rig_signin"
 TTL_S = 8 * 3600
-_PROCESS_KEY = secrets.token_bytes(32)
+PRE_TTL_S = 3600
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +46,10 @@ class Session:
         return presented is not None and hmac.compare_digest(presented.encode(), self.csrf.encode())
 
 
-def _key(token: bytes | None) -> bytes:
+def _key(tokens: roles.Tokens, token: bytes | None) -> bytes:
     if token is None:
-        return _PROCESS_KEY
-    return hashlib.sha256(b"rig-console-session\0" + token).digest()
+        return tokens.derive(b"rig-console-anonymous")
+    return tokens.derive(b"rig-console-session", token)
 
 
 def _b64(raw: bytes) -> str:
@@ -63,12 +66,12 @@ def sign_in(tokens: roles.Tokens, presented: str) -> tuple[Session, str] | None:
     caller = tokens.caller(raw)
     if caller is None:
         return None
-    return _issue(caller, _key(raw))
+    return _issue(caller, _key(tokens, raw))
 
 
-def anonymous() -> tuple[Session, str]:
+def anonymous(tokens: roles.Tokens) -> tuple[Session, str]:
     """An open console's session (no tokens configured anywhere)."""
-    return _issue(roles.ANONYMOUS, _key(None))
+    return _issue(roles.ANONYMOUS, _key(tokens, None))
 
 
 def _issue(caller: roles.Caller, key: bytes) -> tuple[Session, str]:
@@ -102,8 +105,26 @@ def read(tokens: roles.Tokens, cookie: str | None) -> Session | None:
         if found is None:
             return None
         caller = found
-    key = _key(token)
+    key = _key(tokens, token)
     expected = hmac.new(key, payload.encode(), hashlib.sha256).digest()
     if not hmac.compare_digest(presented, expected) or expires < time.time():
         return None
     return Session(caller, expires, nonce, key)
+
+
+def pre_session(cookie: str | None) -> str:
+    """The sign-in form's nonce: the one its cookie already holds, else a new one."""
+    if cookie and 16 <= len(cookie) <= 64 and cookie.replace("-", "").replace("_", "").isalnum():
+        return cookie
+    return secrets.token_urlsafe(24)
+
+
+def sign_in_csrf(tokens: roles.Tokens, nonce: str) -> str:
+    """The CSRF token of the sign-in form shown with pre-session `nonce`."""
+    return tokens.derive(b"rig-console-signin-csrf", nonce.encode()).hex()
+
+
+def sign_in_csrf_ok(tokens: roles.Tokens, cookie: str | None, presented: str | None) -> bool:
+    if not cookie or not presented:
+        return False
+    return hmac.compare_digest(presented.encode(), sign_in_csrf(tokens, cookie).encode())

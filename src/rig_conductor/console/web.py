@@ -3,17 +3,21 @@ rendering (a whole page, or just the live part of it for htmx's polling)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode, urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import AfterValidator
 
-from rig_conductor import __version__, roles
+from rig_conductor import __version__, domain, roles
 from rig_conductor.console import session
+from rig_conductor.domain import StreamKey
+from rig_conductor.operations import sessions, views
 from rig_conductor.runtime import Runtime
 
 HERE = Path(__file__).parent
@@ -36,12 +40,31 @@ SECURITY_HEADERS = {
 }
 
 
+# A stream entry id in a form or a query (ids, cursors): a bad one is a 400 page, never sent on.
+EntryIdText = Annotated[str, AfterValidator(domain.entry_id)]
+PROBLEMS = {400: "Bad request", 401: "Sign in first", 403: "Not allowed", 404: "Not found"}
+# What an action did, said on the page it leads to: a fixed message per `done` key filled with
+# counts, never text from the query string (a link could otherwise make the console say
+# anything). A move's target is named only when the page vouches for it.
+FLASH = {"requeued": "requeued {n}", "deleted": "deleted {n}", "moved": "moved {n} of {of}"}
+_COUNTS = ("n", "of", "dead", "gone", "left")
+_MOVE_NOTES = (
+    (
+        "dead",
+        "{} dead-lettered: they had reached RIG_MAX_DELIVERIES, as the reaper would have done",
+    ),
+    ("gone", "{} no longer pending for this consumer"),
+    ("left", "{} left: touched since they were looked up"),
+)
+
+
 class SignInRequired(Exception):
     """No valid session: the page redirects to the sign-in form."""
 
 
 class Refused(Exception):
-    """An action refused (403: no CSRF token, or a role that may not change things)."""
+    """A request refused: 400 (bad input), 403 (no CSRF token, or a role that may not change
+    things). Answered with `problem`."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -66,14 +89,45 @@ def url(request: Request, path: str, **query: Any) -> str:
     return f"{root}/ui{path}" + (f"?{urlencode(params)}" if params else "")
 
 
-def current(request: Request) -> session.Session:
-    """The request's session; SignInRequired without one. An open console (no tokens at all)
-    has no sign-in: the visitor gets an anonymous session, set on the response by `page`."""
+def stream_key(request: Request, name: str) -> StreamKey:
+    """A stream named in a query or a form: one the settings cover (`views.known_stream`), else
+    a 400 page. Never a pattern: reading one would SCAN the keyspace."""
+    if not views.known_stream(runtime(request).settings, name):
+        raise Refused(400, f"{name[:256]!r} is not a stream of RIG_DISPATCH_STREAM or RIG_STREAMS")
+    return StreamKey(name)
+
+
+def safe_next(request: Request, value: str) -> str:
+    """Where to go after signing in: `value` when it is a console path under the root path
+    (URL-quoted), else the overview. Never another site: no scheme, no host, no `//` or `\\`,
+    no control characters (a CR/LF would split the Location header), no dot segments."""
+    home = url(request, "")
+    if not value.startswith("/") or value.startswith("//") or "\\" in value:
+        return home
+    if any(ord(char) < 0x20 or ord(char) == 0x7F for char in value):
+        return home
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return home
+    path = parts.path
+    if path != home and not path.startswith(home + "/"):
+        return home
+    if any(segment in (".", "..") for segment in path.split("/")):
+        return home
+    quoted = quote(path, safe="/%-._~!$&'()*+,;=:@")
+    query = quote(parts.query, safe="/%-._~!$&'()*+,;=:@?")
+    return quoted + (f"?{query}" if query else "")
+
+
+async def current(request: Request) -> session.Session:
+    """The request's session; SignInRequired without one, or for one signed out. An open
+    console (no tokens at all) has no sign-in: the visitor gets an anonymous session, set on
+    the response by `page`."""
     found = session.read(tokens(request), request.cookies.get(session.COOKIE))
-    if found is not None:
+    if found is not None and not await sessions.signed_out(runtime(request), nonce=found.nonce):
         return found
     if tokens(request).open:
-        fresh, cookie = session.anonymous()
+        fresh, cookie = session.anonymous(tokens(request))
         request.state.new_cookie = cookie
         return fresh
     raise SignInRequired
@@ -86,6 +140,28 @@ def require_change(request: Request, current_session: session.Session, csrf: str
         raise Refused(403, "missing or invalid CSRF token; reload the page")
     if not tokens(request).allows(current_session.caller, roles.Need.CHANGE):
         raise Refused(403, f"the {current_session.caller.role.name.lower()} role may not do this")
+
+
+def flash(request: Request, *, targets: Collection[str] = ()) -> str | None:
+    """The message of the action that led here (`done=<key>` and counts), if any."""
+    query = request.query_params
+    done = query.get("done", "")
+    template = FLASH.get(done)
+    if template is None:
+        return None
+    counts: dict[str, int] = {}
+    for name in _COUNTS:
+        raw = query.get(name, "0")
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+            return None
+        counts[name] = int(raw)
+    text = template.format(**counts)
+    if done == "moved":
+        target = query.get("to", "")
+        if target and target in targets:
+            text += f" to {target}"
+        text += "".join(f"; {note.format(counts[key])}" for key, note in _MOVE_NOTES if counts[key])
+    return text
 
 
 def page(
@@ -110,6 +186,7 @@ def page(
         "now": datetime.now(UTC),
         "ms": format_ms,
         "when": format_time,
+        "flash": flash(request, targets=context.pop("flash_targets", ())),
         **context,
     }
     compiled = templates.get_template(template)
@@ -124,12 +201,30 @@ def page(
     return response
 
 
-def set_cookie(request: Request, response: Response, value: str) -> None:
+def problem(request: Request, status: int, message: str) -> HTMLResponse:
+    """An error as a page of its own (no session needed): the message is escaped."""
+    body = templates.get_template("problem.html").render(
+        heading=PROBLEMS.get(status, "Sorry"),
+        message=message,
+        home=url(request, ""),
+        static=lambda name: url(request, f"/static/{name}"),
+    )
+    return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
+
+
+def set_cookie(
+    request: Request,
+    response: Response,
+    value: str,
+    *,
+    name: str = session.COOKIE,
+    max_age: int = session.TTL_S,
+) -> None:
     secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
     response.set_cookie(
-        session.COOKIE,
+        name,
         value,
-        max_age=session.TTL_S,
+        max_age=max_age,
         path=url(request, ""),
         httponly=True,
         samesite="strict",

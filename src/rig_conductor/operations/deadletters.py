@@ -1,17 +1,20 @@
-"""Dead letters: find (filtered, paged), requeue and delete, one at a time or all that match.
+"""Dead letters: find (filtered, paged), requeue and delete, one, the selected, or all that match.
 
 Requeue appends the letter's original fields to its stream and removes the letter in one
 atomic script; delete removes it. Both write an event-log row and an audit line with who.
+Many letters go in batches of `BATCH`: the Redis work of a batch in one round trip, its
+event-log rows in one COPY, its audit lines in one record; so ten thousand take seconds.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rig_conductor import roles
-from rig_conductor.adapters import redis_inspect, redis_streams
+from rig_conductor import logs, roles
+from rig_conductor.adapters import failures, redis_inspect, redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis_streams import DeadLetter
 from rig_conductor.domain import StreamKey
@@ -21,6 +24,17 @@ logger = logging.getLogger("rig_conductor.console")
 
 # Dead letters read per round trip while filtering.
 SCAN_PAGE = 500
+# Dead letters requeued or deleted per round trip and per event-log COPY.
+BATCH = 500
+# The audit lines: from the console, and from the API (who, dead letter id, stream[, new id]).
+REQUEUED = {
+    True: "[Console] %s requeued dead letter %s of %s as %s",
+    False: "Requeued dead letter %s of %s as %s (%s)",
+}
+DELETED = {
+    True: "[Console] %s deleted dead letter %s of %s",
+    False: "Deleted dead letter %s of %s (%s)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,9 +62,10 @@ async def find(
     found: list[DeadLetter] = []
     cursor = before
     while len(found) < count:
-        page, next_cursor = await redis_inspect.dead_letter_page(
-            rt.redis, stream=stream, before=cursor, count=SCAN_PAGE
-        )
+        with failures.named_by_request():
+            page, next_cursor = await redis_inspect.dead_letter_page(
+                rt.redis, stream=stream, before=cursor, count=SCAN_PAGE
+            )
         for letter in page:
             if where.matches(letter):
                 found.append(letter)
@@ -62,68 +77,55 @@ async def find(
     return found, cursor
 
 
+async def newest(rt: Runtime, *, stream: StreamKey, count: int) -> list[DeadLetter]:
+    """The newest `count` dead letters of `stream`, newest first."""
+    with failures.named_by_request():
+        return await redis_streams.list_dead_letters(rt.redis, stream=stream, count=count)
+
+
 async def requeue(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> str | None:
     """Put the letter back on its stream; the new entry's id, None when there is no letter."""
-    done = await redis_streams.requeue(rt.redis, stream=stream, dlq_id=dlq_id)
-    if done is None:
-        return None
-    entry_id, issue_id = done
-    await queries.append_events(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        rows=[
-            queries.EventRow(
-                "DEAD_LETTER_REQUEUED",
-                stream=stream,
-                entry_id=entry_id,
-                issue_id=issue_id,
-                detail=json.dumps({"dlqId": dlq_id, "by": caller.who}),
-            )
-        ],
-    )
-    if console:
-        logger.info(
-            "[Console] %s requeued dead letter %s of %s as %s", caller.who, dlq_id, stream, entry_id
-        )
-    else:
-        logger.info(
-            "Requeued dead letter %s of %s as %s (%s)", dlq_id, stream, entry_id, caller.who
-        )
-    return entry_id
+    done = await _requeue(rt, caller, stream=stream, dlq_ids=[dlq_id], console=console)
+    return done.get(dlq_id)
 
 
 async def delete(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> bool:
     """Drop the letter for good; False when there is no such letter."""
-    letters = await redis_streams.list_dead_letters(rt.redis, stream=stream, count=1, before=dlq_id)
-    letter = letters[0] if letters and letters[0].dlq_id == dlq_id else None
-    if letter is None or not await redis_inspect.delete_dead_letter(
-        rt.redis, stream=stream, dlq_id=dlq_id
-    ):
-        return False
-    await queries.append_events(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        rows=[
-            queries.EventRow(
-                "DEAD_LETTER_DELETED",
-                consumer=letter.consumer or None,
-                stream=stream,
-                group_name=letter.group or None,
-                entry_id=letter.original_id or None,
-                issue_id=letter.fields.get("issueId"),
-                detail=json.dumps({"dlqId": dlq_id, "by": caller.who, "reason": letter.reason}),
-            )
-        ],
+    with failures.named_by_request():
+        found = await redis_inspect.dead_letters_by_id(rt.redis, stream=stream, dlq_ids=[dlq_id])
+    return bool(
+        await _delete(rt, caller, stream=stream, letters=list(found.values()), console=console)
     )
-    if console:
-        logger.info("[Console] %s deleted dead letter %s of %s", caller.who, dlq_id, stream)
-    else:
-        logger.info("Deleted dead letter %s of %s (%s)", dlq_id, stream, caller.who)
-    return True
+
+
+async def apply_to(
+    rt: Runtime,
+    caller: roles.Caller,
+    *,
+    stream: StreamKey,
+    dlq_ids: Sequence[str],
+    requeueing: bool,
+) -> int:
+    """Requeue (or delete) the dead letters with these ids, from the console; how many."""
+    done = 0
+    ids = list(dict.fromkeys(dlq_ids))
+    for start in range(0, len(ids), BATCH):
+        batch = ids[start : start + BATCH]
+        if requeueing:
+            done += len(await _requeue(rt, caller, stream=stream, dlq_ids=batch, console=True))
+        else:
+            with failures.named_by_request():
+                found = await redis_inspect.dead_letters_by_id(
+                    rt.redis, stream=stream, dlq_ids=batch
+                )
+            done += await _delete(
+                rt, caller, stream=stream, letters=list(found.values()), console=True
+            )
+    return done
 
 
 async def apply_to_matching(
@@ -134,16 +136,90 @@ async def apply_to_matching(
     where: Filter,
     requeueing: bool,
 ) -> int:
-    """Requeue (or delete) every dead letter that matches; how many."""
+    """Requeue (or delete) every dead letter that matches, from the console; how many."""
     done = 0
     cursor: str | None = None
     while True:
-        page, cursor = await find(rt, stream=stream, where=where, before=cursor, count=SCAN_PAGE)
-        for letter in page:
-            if requeueing:
-                entry = await requeue(rt, caller, stream=stream, dlq_id=letter.dlq_id, console=True)
-                done += entry is not None
-            else:
-                done += await delete(rt, caller, stream=stream, dlq_id=letter.dlq_id, console=True)
+        page, cursor = await find(rt, stream=stream, where=where, before=cursor, count=BATCH)
+        if requeueing:
+            ids = [letter.dlq_id for letter in page]
+            done += len(await _requeue(rt, caller, stream=stream, dlq_ids=ids, console=True))
+        else:
+            done += await _delete(rt, caller, stream=stream, letters=page, console=True)
         if cursor is None:
             return done
+
+
+async def _requeue(
+    rt: Runtime,
+    caller: roles.Caller,
+    *,
+    stream: StreamKey,
+    dlq_ids: Sequence[str],
+    console: bool,
+) -> dict[str, str]:
+    """One batch: the letters back on the stream (one round trip), their rows (one COPY) and
+    audit lines (one record); the new entry id of each letter requeued."""
+    with failures.named_by_request():
+        replies = await redis_streams.requeue_many(rt.redis, stream=stream, dlq_ids=dlq_ids)
+    done = {dlq_id: reply for dlq_id, reply in zip(dlq_ids, replies, strict=True) if reply}
+    rows = [
+        queries.EventRow(
+            "DEAD_LETTER_REQUEUED",
+            stream=stream,
+            entry_id=entry_id,
+            issue_id=issue_id,
+            detail=json.dumps({"dlqId": dlq_id, "by": caller.who}),
+        )
+        for dlq_id, (entry_id, issue_id) in done.items()
+    ]
+    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
+    lines = [
+        REQUEUED[console] % _who_first(console, caller.who, dlq_id, stream, entry_id)
+        for dlq_id, (entry_id, _) in done.items()
+    ]
+    _log(lines, caller, stream, list(done))
+    return {dlq_id: entry_id for dlq_id, (entry_id, _) in done.items()}
+
+
+async def _delete(
+    rt: Runtime,
+    caller: roles.Caller,
+    *,
+    stream: StreamKey,
+    letters: Sequence[DeadLetter],
+    console: bool,
+) -> int:
+    """One batch: the letters deleted (one round trip), their rows (one COPY) and audit lines
+    (one record); how many there were to delete."""
+    with failures.named_by_request():
+        deleted = await redis_inspect.delete_dead_letters(
+            rt.redis, stream=stream, dlq_ids=[letter.dlq_id for letter in letters]
+        )
+    gone = [letter for letter, ok in zip(letters, deleted, strict=True) if ok]
+    rows = [
+        queries.EventRow(
+            "DEAD_LETTER_DELETED",
+            consumer=letter.consumer or None,
+            stream=stream,
+            group_name=letter.group or None,
+            entry_id=letter.original_id or None,
+            issue_id=letter.fields.get("issueId"),
+            detail=json.dumps({"dlqId": letter.dlq_id, "by": caller.who, "reason": letter.reason}),
+        )
+        for letter in gone
+    ]
+    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
+    lines = [DELETED[console] % _who_first(console, caller.who, d.dlq_id, stream) for d in gone]
+    _log(lines, caller, stream, [letter.dlq_id for letter in gone])
+    return len(gone)
+
+
+def _who_first(console: bool, who: str, *rest: str) -> tuple[str, ...]:
+    """The console's lines name who first, the API's last."""
+    return (who, *rest) if console else (*rest, who)
+
+
+def _log(lines: list[str], caller: roles.Caller, stream: str, dlq_ids: list[str]) -> None:
+    common = {"by": caller.who, "stream": stream}
+    logs.log_lines(logger, logging.INFO, logs.Lines(lines, common, ("dlqId", dlq_ids)))

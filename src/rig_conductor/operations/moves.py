@@ -1,11 +1,15 @@
 """Moving pending entries by hand: the safe form of the manual XCLAIM.
 
-Each entry moves with its own guarded `XCLAIM ... JUSTID`, its min-idle the idle time the
-operator saw plus the time since, both on Redis's clock (the page notes Redis's TIME after it
-read the entries): an entry acked, re-read or moved by the reaper since the page was drawn is
-not idle enough and stays where it is. A move reserves a
-new attempt for the target (the old owner's late reports are fenced), logs the reaper's own
-`[StreamReclaim] Reclaimed` line with reason `manual`, and writes a RECLAIMED event row.
+The form names entry ids only; everything else comes from Redis at the time of the move. Each
+selected id is looked up for the owner (`XPENDING <stream> <group> <id> <id> 1 <owner>`,
+pipelined): an id the owner does not hold (acked, moved, or never its own) is left out. Each
+entry the owner holds is judged as the reaper judges it (`reclaim.OwnerRule`): one whose
+deliveries, or recorded attempts, reached RIG_MAX_DELIVERIES is dead-lettered exactly as in
+reaper step 7; the others move with their own guarded `XCLAIM ... JUSTID` whose min-idle is the
+idle time Redis reported just before (never a client's number), so an entry touched in between
+stays where it is. A move reserves a new attempt for the target (the old owner's late reports
+are fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with reason `manual`, and
+writes a RECLAIMED event row.
 """
 
 from __future__ import annotations
@@ -13,14 +17,27 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rig_conductor import logs, roles
-from rig_conductor.adapters import redis_inspect, redis_reading, redis_sweep
+from rig_conductor.adapters import (
+    failures,
+    redis_inspect,
+    redis_reading,
+    redis_streams,
+    redis_sweep,
+)
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import ConsumerName, EntryId, GroupName, StreamKey
+from rig_conductor.domain import (
+    DEAD_LETTER_REASON,
+    ConsumerName,
+    GroupName,
+    PendingEntry,
+    StreamKey,
+)
 from rig_conductor.metrics import UNKNOWN_AGENT
 from rig_conductor.operations import views
+from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
 from rig_conductor.runtime import Runtime
 
@@ -28,71 +45,125 @@ from rig_conductor.runtime import Runtime
 reclaim_log = logging.getLogger("rig_conductor.reaper.cycle")
 audit_log = logging.getLogger("rig_conductor.console")
 
-REASON = "manual"
+REASON: reclaim.Reason = "manual"
 MAX_ENTRIES = 1_000
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """A pending entry as the operator's page showed it."""
-
-    id: str
-    idle_ms: int
 
 
 class MoveRefused(ValueError):
     """The move is not allowed as asked: the message says why."""
 
 
+@dataclass(slots=True)
+class Moved:
+    """What became of the selected entries."""
+
+    selected: int
+    moved: list[str] = field(default_factory=list)
+    # Reached RIG_MAX_DELIVERIES: dead-lettered, as the reaper does.
+    dead_lettered: list[str] = field(default_factory=list)
+    # Not held by the owner when the move looked (acked, moved, or never its own).
+    not_held: list[str] = field(default_factory=list)
+
+    @property
+    def left(self) -> int:
+        """Held and movable, but touched between the look and the move (the guard kept them)."""
+        return self.selected - len(self.moved) - len(self.dead_lettered) - len(self.not_held)
+
+
 async def move(
     rt: Runtime,
     caller: roles.Caller,
     *,
-    stream: str,
+    stream: StreamKey,
     group: str,
     owner: str,
     target: str,
-    entries: Sequence[Seen],
-    seen_at_ms: int,
-) -> list[str]:
-    """Move `entries` of `owner` to `target`; the ids that moved. `seen_at_ms`: Redis's TIME
-    when the page showed the entries (`redis_inspect.server_time_ms`)."""
-    if not entries:
+    ids: Sequence[str],
+) -> Moved:
+    """Move the entries `ids` of `owner` to `target`, as far as Redis says they may."""
+    ids = list(dict.fromkeys(ids))
+    if not ids:
         raise MoveRefused("no entries selected")
-    if len(entries) > MAX_ENTRIES:
+    if len(ids) > MAX_ENTRIES:
         raise MoveRefused(f"at most {MAX_ENTRIES} entries per move")
     if target == owner:
         raise MoveRefused("the target is the owner itself")
-    await _check_target(rt, stream=stream, group=group, target=target)
-    elapsed = max(0, await redis_inspect.server_time_ms(rt.redis) - seen_at_ms)
-    batches = [
-        redis_sweep.ClaimBatch(ConsumerName(target), e.idle_ms + elapsed, [EntryId(e.id)])
-        for e in entries
-    ]
-    claimed = await redis_sweep.claim(
-        rt.redis,  # type: ignore[arg-type]
-        stream=StreamKey(stream),
-        group=GroupName(group),
-        batches=batches,
+    fleet = await _check_target(rt, stream=stream, group=group, target=target)
+    with failures.named_by_request():
+        held = await redis_inspect.held_by(
+            rt.redis,
+            stream=stream,
+            group=GroupName(group),
+            consumer=ConsumerName(owner),
+            ids=ids,
+        )
+    evidence = await work.load_work_evidence(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        streams=[stream],
+        worn_at=rt.settings.max_deliveries,
+        deadline_ms=0,
     )
-    moved: list[str] = [str(entry_id) for ids in claimed for entry_id in ids]
-    if moved:
-        await _record(rt, caller, stream=stream, group=group, owner=owner, target=target, ids=moved)
+    rule = reclaim.OwnerRule(
+        owner=ConsumerName(owner),
+        agent=fleet.agent_of(ConsumerName(owner)),
+        reason=REASON,
+        min_idle_ms=0,
+        max_deliveries=rt.settings.max_deliveries,
+        worn=evidence.worn.get(stream, {}),
+    )
+    result = Moved(len(ids), not_held=[i for i in ids if i not in held])
+    movable = [entry for entry in held.values() if rule.decide(entry) == "move"]
+    worn = [
+        entry._replace(deliveries=rule.deliveries(entry))
+        for entry in held.values()
+        if rule.decide(entry) == "dead"
+    ]
+    if worn:
+        result.dead_lettered = await _dead_letter(rt, fleet, stream=stream, group=group, worn=worn)
+    if movable:
+        batches = [
+            redis_sweep.ClaimBatch(ConsumerName(target), entry.idle_ms, [entry.id])
+            for entry in movable
+        ]
+        claimed = await redis_sweep.claim(
+            rt.redis,  # type: ignore[arg-type]
+            stream=stream,
+            group=GroupName(group),
+            batches=batches,
+        )
+        result.moved = [str(entry_id) for ids_moved in claimed for entry_id in ids_moved]
+    if result.moved:
+        await _record(
+            rt,
+            caller,
+            fleet,
+            stream=stream,
+            group=group,
+            owner=owner,
+            target=target,
+            ids=result.moved,
+        )
     audit_log.info(
-        "[Console] %s moved %d of %d selected entries on %s/%s: %s -> %s",
+        "[Console] %s moved %d of %d selected entries on %s/%s: %s -> %s "
+        "(%d dead-lettered after RIG_MAX_DELIVERIES, %d not held by %s)",
         caller.who,
-        len(moved),
-        len(entries),
+        len(result.moved),
+        len(ids),
         stream,
         group,
         owner,
         target,
+        len(result.dead_lettered),
+        len(result.not_held),
+        owner,
     )
-    return moved
+    return result
 
 
-async def _check_target(rt: Runtime, *, stream: str, group: str, target: str) -> None:
-    reading = await redis_reading.read(rt.servers(), [stream])
+async def _check_target(rt: Runtime, *, stream: StreamKey, group: str, target: str) -> Fleet:
+    with failures.named_by_request():
+        reading = await redis_reading.read(rt.servers(), [stream])
     found = next((g for g in reading.groups if g.name == group and g.stream == stream), None)
     if found is None:
         raise MoveRefused(f"no group {group!r} on stream {stream!r}")
@@ -102,11 +173,71 @@ async def _check_target(rt: Runtime, *, stream: str, group: str, target: str) ->
     fleet = Fleet(await views.evidence(rt), rt.settings.limits)
     if fleet.target(info) is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")
+    return fleet
+
+
+async def _dead_letter(
+    rt: Runtime, fleet: Fleet, *, stream: StreamKey, group: str, worn: list[PendingEntry]
+) -> list[str]:
+    """Reaper step 7 for worn-out entries: copied to the DLQ with their diagnostics and acked
+    (guarded like a move), a DEAD_LETTERED row and a `[StreamReclaim] Dead-lettered` line
+    each, the assignment marked dead, the counter raised."""
+    done = await redis_streams.dead_letter(
+        rt.redis, stream=stream, group=GroupName(group), entries=worn, reason=DEAD_LETTER_REASON
+    )
+    dlq_stream = redis_streams.dlq_key(stream, rt.redis)
+    owners = {entry.id: entry.consumer for entry in worn}
+    rows = []
+    for item in done:
+        consumer = owners[item.entry_id]
+        detail = {
+            "deliveries": item.deliveries,
+            "reason": DEAD_LETTER_REASON,
+            "dlqStream": dlq_stream,
+            "dlqId": item.dlq_id,
+        }
+        rows.append(
+            queries.EventRow(
+                "DEAD_LETTERED",
+                agent_id=fleet.agent_of(consumer),
+                consumer=consumer,
+                stream=stream,
+                group_name=group,
+                entry_id=item.entry_id,
+                issue_id=item.issue_id,
+                detail=json.dumps(detail),
+            )
+        )
+        reclaim_log.info(
+            "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
+            item.entry_id,
+            stream,
+            item.deliveries,
+            extra={
+                "entryId": item.entry_id,
+                "stream": stream,
+                "group": group,
+                "consumer": consumer,
+                "deliveries": item.deliveries,
+                "dlqId": item.dlq_id,
+            },
+        )
+    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
+    await work.dead_lettered(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        stream=stream,
+        entries=[(d.entry_id, d.issue_id, d.deliveries) for d in done],
+    )
+    if done:
+        rt.metrics.dead_lettered.labels(stream, group).inc(len(done))
+    return [str(d.entry_id) for d in done]
 
 
 async def _record(
     rt: Runtime,
     caller: roles.Caller,
+    fleet: Fleet,
     *,
     stream: str,
     group: str,
@@ -117,7 +248,6 @@ async def _record(
     await work.reclaimed(
         rt.engine, tenant=rt.settings.tenant, stream=stream, consumer=target, entry_ids=ids
     )
-    fleet = Fleet(await views.evidence(rt), rt.settings.limits)
     from_agent = fleet.agent_of(ConsumerName(owner))
     to_agent = fleet.agent_of(ConsumerName(target))
     detail = {

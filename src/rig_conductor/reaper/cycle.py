@@ -26,6 +26,7 @@ from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.adapters.redis_client import Topology, node_for
 from rig_conductor.domain import (
+    DEAD_LETTER_REASON,
     UNKNOWN_AGENT,
     ConsumerName,
     Evidence,
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEAD_LETTER_REASON = journal.DEAD_LETTER_REASON
 
 # Looks up consumers by pod name: their states, for those Kubernetes could answer for.
 Probe = Callable[[list[ConsumerName]], Awaitable[Mapping[ConsumerName, PodState]]]

@@ -17,14 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.domain import AgentId, ConsumerName, EntryId, PendingEntry
+from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
 from rig_conductor.reaper import moves
 
 # The log lines keep the logger name they always had: operators filter on it.
 logger = logging.getLogger("rig_conductor.reaper.cycle")
 
-DEAD_LETTER_REASON = "max-deliveries"
 LOG_PAGE = 1_000  # moved entries per log record and per RECLAIMED row
 RECORD_BATCH = 50_000  # moved entries per write to PostgreSQL while a sweep goes on
 

@@ -8,9 +8,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator
 
-from rig_conductor import roles
-from rig_conductor.adapters import redis_streams
+from rig_conductor import domain, roles
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, caller, runtime
 from rig_conductor.domain import StreamKey
@@ -30,7 +30,7 @@ async def list_dead_letters(
 ) -> list[schemas.DeadLetterView]:
     """The newest dead letters of `stream` (default: RIG_DISPATCH_STREAM), newest first."""
     key = StreamKey(stream or rt.settings.dispatch_stream)
-    letters = await redis_streams.list_dead_letters(rt.redis, stream=key, count=count)
+    letters = await deadletters.newest(rt, stream=key, count=count)
     return [schemas.DeadLetterView(stream=key, **asdict(d)) for d in letters]
 
 
@@ -65,7 +65,15 @@ async def delete(
     rt: Annotated[Runtime, Depends(runtime)],
     who: Annotated[roles.Caller, Depends(caller)],
     stream: Annotated[str, Query(min_length=1, max_length=256)],
-    dlq_id: Annotated[str, Query(alias="dlqId", pattern=schemas.ENTRY_ID_PATTERN)],
+    dlq_id: Annotated[
+        str,
+        Query(
+            alias="dlqId",
+            pattern=schemas.ENTRY_ID_PATTERN,
+            max_length=domain.ENTRY_ID_MAX_LENGTH,
+        ),
+        AfterValidator(domain.entry_id),
+    ],
 ) -> Response:
     """Delete one dead letter for good; recorded in the event log. An operator action."""
     key = StreamKey(stream)

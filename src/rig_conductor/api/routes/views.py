@@ -6,11 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Response
 
+from rig_conductor import roles
 from rig_conductor.adapters import redis_reading
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.api import schemas
-from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.api.deps import Runtime, caller, require, runtime
 from rig_conductor.domain import AgentId
+from rig_conductor.operations import views
 from rig_conductor.policy import agents as agent_policy
 from rig_conductor.scan_report import ScanReport
 
@@ -19,33 +21,20 @@ router = APIRouter(tags=["views"], responses=schemas.ERRORS)
 
 @router.get("/agents", response_model=list[schemas.AgentView], response_model_by_alias=True)
 async def list_agents(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.AgentView]:
-    """Every agent that heartbeated or is configured, judged at the database's clock."""
-    now, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
-    down_ms = rt.settings.agent_down_ms
-    views: dict[str, schemas.AgentView] = {}
-    for row in rows:
-        age = max(0, int((now - row.last_heartbeat_at).total_seconds() * 1000))
-        views[row.agent_id] = schemas.AgentView(
-            agent_id=row.agent_id,
-            last_heartbeat_at=row.last_heartbeat_at,
-            heartbeat_age_ms=age,
-            down=age >= down_ms,
-            degraded=row.degraded,
-            degraded_reasons=list(row.degraded_reasons),
-            consumers=list(row.consumers),
+    """Every agent that heartbeated or is configured, judged as the reaper judges it, at the
+    database's clock."""
+    return [
+        schemas.AgentView(
+            agent_id=agent.agent_id,
+            last_heartbeat_at=agent.last_heartbeat_at,
+            heartbeat_age_ms=agent.heartbeat_age_ms,
+            down=agent.down,
+            degraded=agent.degraded,
+            degraded_reasons=list(agent.degraded_reasons),
+            consumers=list(agent.consumers),
         )
-    for agent in rt.settings.agent_ids:
-        if agent not in views:  # configured but never heard from: down
-            views[agent] = schemas.AgentView(
-                agent_id=agent,
-                last_heartbeat_at=None,
-                heartbeat_age_ms=None,
-                down=True,
-                degraded=False,
-                degraded_reasons=[],
-                consumers=[],
-            )
-    return [views[key] for key in sorted(views)]
+        for agent in await views.agents(rt)
+    ]
 
 
 @router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
@@ -80,13 +69,21 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
     response_class=Response,
     responses={
         200: {"model": ScanReport, "description": "the scan report"},
+        403: {
+            "model": schemas.Problem,
+            "description": "a real scan asked by a role that may not change things",
+        },
         409: {"model": schemas.Problem, "description": "not the active reaper"},
     },
 )
 async def scan_now(
     rt: Annotated[Runtime, Depends(runtime)],
+    who: Annotated[roles.Caller, Depends(caller)],
     dry_run: Annotated[bool, Query(alias="dryRun")] = False,
 ) -> Response:
-    """Run one scan now (after any scan in progress) and return its report."""
+    """Run one scan now (after any scan in progress) and return its report. A dry run changes
+    nothing and any role may ask for one; a real scan is a change (operator tokens)."""
+    if not dry_run:
+        require(rt, who, roles.Need.CHANGE)
     report = await rt.scan(dry_run)
     return Response(report.model_dump_json(by_alias=True), media_type="application/json")
