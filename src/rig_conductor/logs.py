@@ -7,8 +7,11 @@ A scan that moves a million entries logs a million lines. Doing that one LogReco
 costs more than the moves (a record, a formatter call, a flush and a write per line), so
 `log_lines` sends a page of lines as one record: the formatters here render it as one line
 per entry, each exactly as a record of its own would read, and the handler writes the page at
-once. `configure` puts a queue in front of stderr: the scan only enqueues, a thread formats and
-writes, so a slow, full or closed stderr can neither fail nor stall a scan.
+once. `configure` puts a bounded queue in front of stderr: the scan enqueues, a thread formats
+and writes. A slow stderr slows the scan to its pace (the queue holds at most QUEUE_RECORDS
+records, so memory stays flat at any volume); a closed one costs nothing; one that takes nothing
+for STALL_S (a full pipe nobody reads) is given up on, its lines dropped, and never stalls a
+scan or the exit for longer.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,8 +39,11 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "color_message",  # uvicorn's ANSI-coloured copy of the message
     "rig_lines",
 }
+# A str as JSON, exactly as json.dumps writes it, without building an encoder per call.
+_quote = json.encoder.encode_basestring_ascii
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-STALL_S = 2.0  # at exit, how long a stderr that takes no line is waited for
+STALL_S = 2.0  # how long a stderr that takes no line is waited for before it is given up on
+QUEUE_RECORDS = 64  # records waiting for the writer: a page of up to 1,000 lines each
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +116,7 @@ def _json_lines(head: Mapping[str, Any], lines: Lines) -> str:
     common = json.dumps(dict(lines.common), default=str)[1:-1]
     rest = (", " + common if common else "") + "}"
     if lines.varying is None:
-        return "\n".join(start + json.dumps(m) + rest for m in lines.messages)
+        return "\n".join(start + _quote(m) + rest for m in lines.messages)
     name, values = lines.varying
     if name in lines.common:  # the varying field replaces a shared one of the same name
         return "\n".join(
@@ -118,13 +125,24 @@ def _json_lines(head: Mapping[str, Any], lines: Lines) -> str:
         )
     key = ", " + json.dumps(name) + ": "
     return "\n".join(
-        start + json.dumps(m) + key + json.dumps(v, default=str) + rest
+        start
+        + _quote(m)
+        + key
+        + (_quote(v) if type(v) is str else json.dumps(v, default=str))
+        + rest
         for m, v in zip(lines.messages, values, strict=True)
     )
 
 
 class _Enqueue(logging.handlers.QueueHandler):
     """Hands records to the writer thread as they are: the formatting happens there."""
+
+    def __init__(self, writer: _WriterThread) -> None:
+        super().__init__(writer.records)
+        self._writer = writer
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self._writer.put(record)
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         if not hasattr(record, "rig_lines"):
@@ -142,35 +160,44 @@ class _WriterThread:
     on is the one that failed.
     """
 
-    def __init__(
-        self,
-        records: queue.SimpleQueue[logging.LogRecord | None],
-        formatter: logging.Formatter,
-    ) -> None:
-        self._records = records
+    def __init__(self, formatter: logging.Formatter) -> None:
+        self.records: queue.Queue[logging.LogRecord | None] = queue.Queue(QUEUE_RECORDS)
         self._formatter = formatter
         self.written = 0
+        self._progress_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rig-log-writer", daemon=True)
         self._thread.start()
 
+    def put(self, record: logging.LogRecord | None) -> bool:
+        """Queue `record`, waiting while the queue is full and stderr keeps taking lines. False
+        when stderr took nothing for STALL_S: the record is dropped, nothing waits on it."""
+        while True:
+            try:
+                self.records.put(record, timeout=0.05)
+                return True
+            except queue.Full:
+                if time.monotonic() - self._progress_at > STALL_S:
+                    return False
+
     def _run(self) -> None:
-        while (record := self._records.get()) is not None:
+        while (record := self.records.get()) is not None:
             with contextlib.suppress(Exception):
                 stream = sys.stderr  # of the moment: tests swap it
                 stream.write(self._formatter.format(record) + "\n")
                 stream.flush()
             self.written += 1
+            self._progress_at = time.monotonic()
 
     def stop(self) -> None:
         """Write what is queued, for as long as stderr takes it. A stderr that takes nothing for
         STALL_S (a full pipe nobody reads) is given up on: the process must be able to exit,
         and Python's own flush of stderr at exit would block on it too."""
-        self._records.put(None)
-        seen, stalled = -1, 0.0
-        while self._thread.is_alive() and stalled < STALL_S:
-            self._thread.join(0.1)
-            stalled = 0.0 if self.written != seen else stalled + 0.1
-            seen = self.written
+        if self.put(None):
+            seen, stalled = -1, 0.0
+            while self._thread.is_alive() and stalled < STALL_S:
+                self._thread.join(0.1)
+                stalled = 0.0 if self.written != seen else stalled + 0.1
+                seen = self.written
         if self._thread.is_alive():
             sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives until the exit
 
@@ -216,10 +243,9 @@ def configure(log_format: str = "text", level: str = "INFO") -> None:
     root = logging.getLogger()
     [direct] = root.handlers
     assert direct.formatter is not None
-    records: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
-    root.handlers = [_Enqueue(records)]
     stop_writer()
-    _writer_thread = _WriterThread(records, direct.formatter)
+    _writer_thread = _WriterThread(direct.formatter)
+    root.handlers = [_Enqueue(_writer_thread)]
 
 
 def stop_writer() -> None:

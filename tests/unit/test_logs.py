@@ -6,6 +6,11 @@ import io
 import json
 import logging
 import logging.config
+import sys
+import threading
+import time
+
+import pytest
 
 from rig_conductor import logs
 
@@ -98,3 +103,54 @@ def test_a_foreign_formatter_still_gets_every_sentence() -> None:
         "[StreamReclaim] Reclaimed 0-0 on s: a-0 -> b-0",
         "[StreamReclaim] Reclaimed 1-0 on s: a-0 -> b-0",
     ]
+
+
+class _SlowStream(io.StringIO):
+    """A stderr that takes a while per write, recording how many records were queued then."""
+
+    def __init__(self, writer: logs._WriterThread) -> None:
+        super().__init__()
+        self.writer = writer
+        self.queued: list[int] = []
+
+    def write(self, text: str) -> int:
+        self.queued.append(self.writer.records.qsize())
+        time.sleep(0.001)
+        return super().write(text)
+
+
+def test_a_slow_stderr_slows_the_logger_instead_of_queueing_without_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer = logs._WriterThread(logging.Formatter("%(message)s"))
+    stream = _SlowStream(writer)
+    monkeypatch.setattr(sys, "stderr", stream)
+    records = 5 * logs.QUEUE_RECORDS
+    for n in range(records):
+        record = logging.LogRecord("t", logging.INFO, "", 0, "line %d", (n,), None)
+        record.msg, record.args = record.getMessage(), None
+        assert writer.put(record)  # waits for room: the stream keeps taking lines
+    writer.stop()
+    assert max(stream.queued) <= logs.QUEUE_RECORDS
+    assert stream.getvalue().splitlines() == [f"line {n}" for n in range(records)]
+
+
+def test_a_stderr_that_takes_nothing_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    stuck = threading.Event()
+
+    class Stuck(io.StringIO):
+        def write(self, text: str) -> int:
+            stuck.wait(30)  # a full pipe nobody reads
+            return 0
+
+    monkeypatch.setattr(logs, "STALL_S", 0.3)
+    monkeypatch.setattr(sys, "stderr", Stuck())
+    writer = logs._WriterThread(logging.Formatter("%(message)s"))
+    record = logging.LogRecord("t", logging.INFO, "", 0, "line", None, None)
+    started = time.monotonic()
+    put = [writer.put(record) for _ in range(logs.QUEUE_RECORDS + 5)]
+    assert put[: logs.QUEUE_RECORDS] == [True] * logs.QUEUE_RECORDS
+    assert put[-1] is False  # dropped once stderr took nothing for STALL_S
+    assert time.monotonic() - started < 5
+    stuck.set()
+    writer.stop()
