@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -14,7 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId
+from rig_conductor.reaper import cycle
 from rig_conductor.reaper.schedule import ReaperService
+from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
 from .helpers import fill, owners, read, register, serve, wait_for
@@ -95,6 +98,36 @@ async def test_stop_waits_for_the_scan_in_progress(
     await asyncio.sleep(0)
     await service.stop()
     assert scan.done() and service.last_report is not None
+
+
+async def test_stop_lets_a_scheduled_scan_finish(
+    engine: AsyncEngine,
+    redis: Redis,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The scheduler's shutdown cancels the jobs it runs; a scan it started must still finish,
+    with nothing logged as failed."""
+    started = asyncio.Event()
+    real = cycle.reap_once
+
+    async def slow_scan(**kwargs: Any) -> ScanReport:
+        started.set()
+        await asyncio.sleep(0.3)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(cycle, "reap_once", slow_scan)
+    service = ReaperService(
+        redis=redis, engine=engine, settings=make_settings(scan_interval_s=60, startup_delay_s=0)
+    )
+    service.start()
+    await asyncio.wait_for(started.wait(), timeout=10)
+    await service.stop()
+    assert service.last_report is not None
+    assert service.failed_scans == 0
+    assert "raised an exception" not in caplog.text
+    assert "CancelledError" not in caplog.text
 
 
 async def test_retention_deletes_old_events_in_batches(engine: AsyncEngine) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -58,6 +58,7 @@ class ReaperService:
         self._detector = observe.Detector()
         self._lock = asyncio.Lock()
         self._scheduler = AsyncIOScheduler(timezone=UTC)
+        self._jobs: set[asyncio.Task[None]] = set()
         self.last_report: cycle.ScanReport | None = None
         self.failed_scans = 0
 
@@ -92,8 +93,23 @@ class ReaperService:
     async def stop(self) -> None:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
-        async with self._lock:  # a scan in progress finishes first
+        # A scheduled job in progress finishes first (the scheduler's shutdown cancels only the
+        # job's wrapper, see _unless_stopping); so does a scan asked for through the API.
+        await asyncio.gather(*self._jobs, return_exceptions=True)
+        async with self._lock:
             pass
+
+    async def _unless_stopping(self, work: Coroutine[object, object, None]) -> None:
+        """Run a scheduled job so that the scheduler's shutdown, which cancels the jobs it
+        runs, does not cut it off half-way: moves already made are logged and recorded, and
+        stop() waits for the rest."""
+        job = asyncio.create_task(work)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            logger.debug("Stopping: the job in progress finishes first")
 
     @property
     def leading(self) -> bool:
@@ -169,6 +185,9 @@ class ReaperService:
             self._metrics.scan_duration.observe(time.perf_counter() - started)
 
     async def _scheduled_scan(self) -> None:
+        await self._unless_stopping(self._scan_on_schedule())
+
+    async def _scan_on_schedule(self) -> None:
         if not self.leading:
             logger.debug("Not the active reaper: scheduled scan skipped")
             return
@@ -188,6 +207,9 @@ class ReaperService:
             )
 
     async def _retention(self) -> None:
+        await self._unless_stopping(self._retain())
+
+    async def _retain(self) -> None:
         if not self.leading:
             return
         try:
