@@ -29,6 +29,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 from redis.utils import HIREDIS_AVAILABLE
 
+if HIREDIS_AVAILABLE:
+    import hiredis
+
 from rig_conductor.settings import RigSettings
 
 logger = logging.getLogger(__name__)
@@ -50,8 +53,16 @@ class _HiredisPacking:
     _packer = HiredisRespSerializer()
 
     def pack_command(self, *args: Any) -> list[bytes]:
-        packed: list[bytes] = self._packer.pack(*args)
-        return packed
+        head = args[0]
+        if isinstance(head, str):  # "XINFO CONSUMERS": one word an argument, as redis-py does
+            args = (*head.encode().split(), *args[1:])
+        elif b" " in head:
+            args = (*head.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except TypeError:  # a memoryview or bytearray: redis-py's packer converts it, or says why
+            packed: list[bytes] = self._packer.pack(*args)
+            return packed
 
 
 def _packing_with_hiredis(client: Redis) -> Redis:
