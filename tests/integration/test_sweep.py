@@ -30,6 +30,7 @@ from rig_conductor.reaper import moves
 from .helpers import fill, owners, read, register
 
 S, G = StreamKey("rig:dispatch"), GroupName("workers")
+STALE_MS = 1_000
 
 
 @pytest.mark.parametrize("chunk", [moves.CHUNK, 7], ids=["one-chunk", "chunk-per-owner"])
@@ -50,14 +51,16 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             holder = (await owners(any_redis, S, G))[entry_id]
             for _ in range(rng.randint(1, 3)):
                 await any_redis.xclaim(S, G, holder, min_idle_time=0, message_ids=[entry_id])
-        await asyncio.sleep(0.12)
+        # Stale past STALE_MS; the re-read below stay fresh for STALE_MS, however slowly the
+        # plan and the sweep that follow run on a loaded machine.
+        await asyncio.sleep(STALE_MS / 1000 + 0.05)
         for entry_id in rng.sample(ids[:90], 10):
             holder = (await owners(any_redis, S, G))[entry_id]
             await any_redis.xclaim(
                 S, G, holder, min_idle_time=0, message_ids=[entry_id], justid=True
             )
         limits = Limits(
-            entry_stale_ms=100, agent_down_ms=60_000, max_deliveries=3, degraded_grace_ms=1_000
+            entry_stale_ms=STALE_MS, agent_down_ms=60_000, max_deliveries=3, degraded_grace_ms=1_000
         )
         now = datetime.now(UTC)
         evidence = Evidence(
