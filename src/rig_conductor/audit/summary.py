@@ -207,19 +207,15 @@ def write_outputs(
     *,
     timings: Mapping[str, int] | None = None,
 ) -> None:
-    """Parquet tables, plots and report.html, then summary.json (written whole, last)."""
+    """Plots and report.html, then summary.json (written whole, last)."""
     from dataclasses import replace
 
     from rig_conductor.audit import report
 
     started = time.perf_counter()
     directory.mkdir(parents=True, exist_ok=True)
-    tables: dict[str, str] = {}
-    for name, frame in findings.tables().items():
-        # Small tables in one file each; the per-entry table keeps Spark's partitioning.
-        out = frame if name in ("entries", "reclaims") else frame.coalesce(1)
-        out.write.mode("overwrite").parquet(str(directory.resolve() / name))
-        tables[name] = name
+    # The Parquet tables were written as the rules ran (job.reconcile_all).
+    tables = {name: name for name in findings.tables()}
     summary["tables"] = tables
     data = replace(data, tables=tables)
     plots = report.write_plots(directory, summary, data)
