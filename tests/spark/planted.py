@@ -181,6 +181,13 @@ def plant(conninfo: str, tenant: str, entries: int, per_role: int) -> Planted:
     return planted
 
 
+def describe(tenant: str, entries: int, per_role: int) -> Planted:
+    """What `plant` with these arguments wrote, without writing it again."""
+    planted = Planted(tenant, entries)
+    planted.events = sum(1 for _ in _rows(tenant, planted, roles(entries, per_role)))
+    return planted
+
+
 def plant_redis(client: redis.Redis, planted: Planted) -> None:
     """The pending entries in their streams: the first half of each stream's read by a consumer
     (in its PEL), the rest not yet delivered. Streams replaced whole."""
