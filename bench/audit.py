@@ -73,8 +73,9 @@ def dataset(url: str, events: int) -> planter.Planted:
         return log
 
 
-def tree_rss_mb(root: int) -> float:
-    """Resident memory of `root` and its descendants (the driver's JVM), from /proc."""
+def tree_rss_mb(root: int, skip: frozenset[int] = frozenset()) -> float:
+    """Resident memory of `root` and its descendants (the driver's JVM), from /proc; not of
+    the processes in `skip` and theirs (the standalone cluster's master and workers)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -89,19 +90,21 @@ def tree_rss_mb(root: int) -> float:
     todo, total = [root], 0
     while todo:
         pid = todo.pop()
+        if pid in skip:
+            continue
         total += rss.get(pid, 0)
         todo += children.get(pid, [])
     return total * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 @contextmanager
-def peak_rss() -> Iterator[list[float]]:
+def peak_rss(skip: frozenset[int]) -> Iterator[list[float]]:
     """The peak of `tree_rss_mb(this process)` while the block runs, sampled every 100 ms."""
     peak, done = [0.0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss_mb(os.getpid()))
+            peak[0] = max(peak[0], tree_rss_mb(os.getpid(), skip))
             done.wait(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -123,7 +126,14 @@ class Result:
     timings: dict[str, int]
 
 
-def audit(spark: SparkSession, url: str, redis_url: str, log: planter.Planted, out: Path) -> Result:
+def audit(
+    spark: SparkSession,
+    url: str,
+    redis_url: str,
+    log: planter.Planted,
+    out: Path,
+    skip: frozenset[int] = frozenset(),
+) -> Result:
     """One audit of `log` in the running session, checked against what was planted."""
     settings = Settings(database_url=url, redis_url=redis_url, tenant=log.tenant)
     options = session.AuditOptions(output=out, until=log.until)
@@ -131,7 +141,7 @@ def audit(spark: SparkSession, url: str, redis_url: str, log: planter.Planted, o
     planter.plant_redis(client, log)
     client.close()
     timings: dict[str, int] = {}
-    with peak_rss() as peak:
+    with peak_rss(skip) as peak:
         started = time.perf_counter()
         summary = job.run(
             spark,
@@ -168,7 +178,8 @@ def copy(spark: SparkSession, url: str, log: planter.Planted, out: Path, partiti
 
 
 def run_master(name: str, master: str, args: argparse.Namespace, logs: list[planter.Planted],
-               url: str, redis_url: str, root: Path) -> list[Result]:  # fmt: skip
+               url: str, redis_url: str, root: Path, skip: frozenset[int],
+               ) -> list[Result]:  # fmt: skip
     """Every log audited in one session on `master`, a warm-up first (not reported)."""
     conf = (("spark.driver.memory", args.driver_memory), ("spark.executor.memory", "1g"))
     options = session.AuditOptions(output=root, master=master, conf=conf, jdbc_jar=args.jar)
@@ -178,7 +189,7 @@ def run_master(name: str, master: str, args: argparse.Namespace, logs: list[plan
     results = []
     try:
         for n, log in enumerate(logs):
-            result = audit(spark, url, redis_url, log, root / log.tenant)
+            result = audit(spark, url, redis_url, log, root / log.tenant, skip)
             if n == 0:
                 print(f"{name}: warm-up, {result.events:,} events in {result.audit_s:.1f} s")
                 continue
@@ -216,14 +227,10 @@ def main() -> int:
             cluster = SparkCluster(Path(scratch, "spark")).start() if name == "standalone" else None
             try:
                 master = cluster.url if cluster else name
+                skip = frozenset(p.pid for p in cluster.processes.values()) if cluster else None
+                root = Path(scratch, name.strip("]").replace("[", "-"))
                 results += run_master(
-                    name,
-                    master,
-                    args,
-                    logs,
-                    url,
-                    redis_url,
-                    Path(scratch, name.strip("]").replace("[", "-")),
+                    name, master, args, logs, url, redis_url, root, skip or frozenset()
                 )
             finally:
                 if cluster is not None:
