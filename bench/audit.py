@@ -4,7 +4,7 @@ JDBC -> Parquet copy of the same rows in the same session as the baseline; and t
 RSS (this process and its JVM: in local mode the executors live there too).
 
     .venv/bin/python bench/audit.py                  # 1M and 5M events, both masters
-    .venv/bin/python bench/audit.py --sizes 200000 --masters local[2]
+    .venv/bin/python bench/audit.py --quick          # 200k events, local[2] only
 
 PostgreSQL: RIG_BENCH_DATABASE_URL (default postgresql+psycopg://postgres@127.0.0.1:5432/
 rig_bench_audit; created and migrated when missing). Each size is a tenant (`bench-<size>`),
@@ -211,7 +211,10 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000000,5000000", help="comma list of event counts")
     parser.add_argument("--masters", default="local[2],standalone")
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory")
+    parser.add_argument("--quick", action="store_true", help="200k events on local[2] only")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.masters = "200000", "local[2]"
     args.jar = Path(os.environ.get(session.JDBC_JAR_ENV) or session.DEFAULT_JDBC_JAR)
     if not args.jar.is_file():
         raise BenchError(f"no JDBC driver at {args.jar} (set {session.JDBC_JAR_ENV})")
