@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rig_conductor.settings import Settings
@@ -28,24 +30,30 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # ------------------------------------------------------------------------------------------ run
 
 
+STAGED = "events.staging"  # under the output directory while the audit runs; removed at the end
+
+
 @dataclass
 class Loaded:
-    """The window's events, read and cached, with what the read found."""
+    """The window's events, read once, with what the read found."""
 
     events: DataFrame
     bounds: EventBounds
     rows: int
     partitions: int
     cached: list[DataFrame] = field(default_factory=list)
+    staged: Path | None = None
 
     def release(self) -> None:
         for frame in self.cached:
             frame.unpersist()
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
 
 
 @dataclass
 class Findings:
-    """The reconciled frames; the intermediate ones `main` reuses are cached."""
+    """The reconciled frames, each read back from the Parquet it was written to."""
 
     status: DataFrame
     lost: DataFrame
@@ -61,7 +69,6 @@ class Findings:
     pending_over_time: DataFrame
     sightings: DataFrame
     reports: DataFrame
-    cached: list[DataFrame] = field(default_factory=list)
 
     def tables(self) -> dict[str, DataFrame]:
         """The Parquet tables written under the output directory, by name."""
@@ -79,10 +86,6 @@ class Findings:
             "pending_over_time": self.pending_over_time,
             "detector_sightings": self.sightings,
         }
-
-    def release(self) -> None:
-        for frame in self.cached:
-            frame.unpersist()
 
 
 @contextmanager
@@ -124,8 +127,8 @@ def run(
             since=options.since,
             until=options.until,
             partitions=options.partitions,
+            staging=options.output / STAGED,
         )
-    findings: Findings | None = None
     try:
         with _timed(timings, "readMs"):
             streams = dispatched_streams(loaded.events)
@@ -149,6 +152,8 @@ def run(
                 window_end=window_end,
                 down_ms=settings.agent_down_ms,
                 span_ms=max((window_end - first).total_seconds() * 1000, 0.0),
+                output=options.output,
+                staging=options.output / STAGED,
             )
             summary, data = summarize(
                 findings,
@@ -162,8 +167,6 @@ def run(
             write_outputs(findings, summary, data, options.output, timings=timings)
     finally:
         loaded.release()
-        if findings is not None:
-            findings.release()
     return summary
 
 
@@ -175,11 +178,15 @@ def load_events(
     since: datetime | None,
     until: datetime | None,
     partitions: int | None,
+    staging: Path | None = None,
 ) -> Loaded:
-    """Read the window's events with a partitioned JDBC read on `id`, cache and count them.
+    """Read the window's events with a partitioned JDBC read on `id`, once.
 
     The read stops at the highest id the bounds query saw, so every partition reads the same
-    snapshot of a log that keeps growing.
+    snapshot of a log that keeps growing. With `staging` (a directory every executor reaches,
+    as the output must be), the rows are written there as Parquet partitioned by `kind` and
+    every rule reads that: each scans only its kinds and columns, and no executor holds the
+    whole log in memory. Without, they are cached.
     """
     from rig_conductor.audit import reconcile, sources
 
@@ -187,7 +194,8 @@ def load_events(
     bounds = sources.read_bounds(spark, source, where=where)
     parallelism = spark.sparkContext.defaultParallelism
     count = partitions or sources.partitions_for(bounds.rows, parallelism=parallelism)
-    if bounds.rows == 0 or bounds.high is None:
+    empty = bounds.rows == 0 or bounds.high is None
+    if empty:
         events = spark.createDataFrame([], reconcile.EVENTS_SCHEMA)
     else:
         events = sources.read_events(
@@ -199,12 +207,22 @@ def load_events(
             bounds=bounds,
             partitions=count,
         )
-    events = events.persist()
+    cached: list[DataFrame] = []
+    if staging is not None and not empty:
+        path = str((staging / "events").resolve())
+        events.write.mode("overwrite").partitionBy("kind").parquet(path)
+        columns = [f.name for f in reconcile.EVENTS_SCHEMA.fields]
+        events = spark.read.schema(reconcile.EVENTS_SCHEMA).parquet(path).select(*columns)
+    else:
+        events = events.persist()
+        cached.append(events)
     rows = events.count()
     logger.info(
         "Read %d events (ids %s to %s) in %d JDBC partitions", rows, bounds.low, bounds.high, count
     )
-    return Loaded(events=events, bounds=bounds, rows=rows, partitions=count, cached=[events])
+    return Loaded(
+        events=events, bounds=bounds, rows=rows, partitions=count, cached=cached, staged=staging
+    )
 
 
 def load_tail(spark: SparkSession, source: JdbcSource, loaded: Loaded, *, tenant: str) -> None:
@@ -255,44 +273,64 @@ def reconcile_all(
     window_end: datetime,
     down_ms: int,
     span_ms: float,
+    output: Path,
+    staging: Path,
 ) -> Findings:
-    """Apply every rule. Lazy: Spark computes when `summarize` and the writers ask."""
+    """Apply every rule, writing each result once as it is needed: the tables under `output`,
+    the intermediate frames under `staging`.
+
+    Every frame handed on is read back from its Parquet, so the plans after it stay small (one
+    scan, not the whole lineage: planning a lineage this size again for each table and count
+    cost more than the work on a small log) and nothing is cached in executor memory.
+    """
     from rig_conductor.audit import duplicates, timelines
     from rig_conductor.audit import reconcile as rc
 
     pending = spark.createDataFrame(snapshot.pending, rc.PENDING_SCHEMA, verifySchema=False)
     queue = spark.createDataFrame(snapshot.letters, rc.DEAD_LETTER_QUEUE_SCHEMA, verifySchema=False)
-    cached: list[DataFrame] = []
 
-    def keep(frame: DataFrame) -> DataFrame:
-        cached.append(frame.persist())
-        return frame
+    def write(frame: DataFrame, directory: Path, *, one_file: bool = True) -> DataFrame:
+        path, started = str(directory.resolve()), time.perf_counter()
+        (frame.coalesce(1) if one_file else frame).write.mode("overwrite").parquet(path)
+        logger.debug("Wrote %s in %d ms", directory.name, _ms_since(started))
+        return spark.read.parquet(path)
 
-    dispatched = keep(rc.dispatched(events))
-    reports = keep(rc.work_reports(events, dispatched))
-    dead = keep(rc.dead_letters(events, queue))
-    status = keep(
-        rc.entry_status(dispatched, reports, dead, pending, rc.unmatched_requeues(events))
+    def table(frame: DataFrame, name: str, *, one_file: bool = True) -> DataFrame:
+        return write(frame, output / name, one_file=one_file)
+
+    def staged(frame: DataFrame, name: str) -> DataFrame:
+        return write(frame, staging / name, one_file=False)
+
+    dispatched = staged(rc.dispatched(events), "dispatched")
+    reports = staged(rc.work_reports(events, dispatched), "reports")
+    dead = table(rc.dead_letters(events, queue), "dead_letters")
+    # The per-entry table keeps Spark's partitioning: it is as large as the log.
+    status = table(
+        rc.entry_status(dispatched, reports, dead, pending, rc.unmatched_requeues(events)),
+        "entries",
+        one_file=False,
     )
-    overlaps = keep(duplicates.overlapping_attempts(reports))
-    reclaims = keep(timelines.reclaims(events))
-    gaps = keep(timelines.heartbeat_gaps(events, window_end=window_end))
+    overlaps = table(duplicates.overlapping_attempts(reports), "overlapping_attempts")
+    reclaims = table(timelines.reclaims(events), "reclaims", one_file=False)
+    gaps = staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps")
     return Findings(
         status=status,
-        lost=rc.lost(status),
-        duplicates=keep(duplicates.duplicates(reports, overlaps)),
+        lost=table(rc.lost(status), "lost"),
+        duplicates=table(duplicates.duplicates(reports, overlaps), "duplicates"),
         overlaps=overlaps,
         reclaims=reclaims,
         latency=timelines.reclaim_latency(reclaims),
-        histogram=timelines.latency_histogram(reclaims, LATENCY_BINS),
-        availability=keep(timelines.availability(gaps, down_ms=down_ms)),
-        down_periods=timelines.down_periods(gaps, down_ms=down_ms),
-        dead_letter_rate=rc.dead_letter_rate(status),
-        dead_letters=dead,
-        pending_over_time=timelines.pending_over_time(
-            status, bucket_ms=timelines.choose_bucket_ms(span_ms)
+        histogram=table(
+            timelines.latency_histogram(reclaims, LATENCY_BINS), "reclaim_latency_histogram"
         ),
-        sightings=timelines.detector_sightings(events),
+        availability=table(timelines.availability(gaps, down_ms=down_ms), "availability"),
+        down_periods=table(timelines.down_periods(gaps, down_ms=down_ms), "agent_down_periods"),
+        dead_letter_rate=table(rc.dead_letter_rate(status), "dead_letter_rate"),
+        dead_letters=dead,
+        pending_over_time=table(
+            timelines.pending_over_time(status, bucket_ms=timelines.choose_bucket_ms(span_ms)),
+            "pending_over_time",
+        ),
+        sightings=table(timelines.detector_sightings(events), "detector_sightings"),
         reports=reports,
-        cached=cached,
     )

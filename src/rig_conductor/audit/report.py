@@ -237,8 +237,8 @@ def write_html(
         ("completed", summary["completed"]),
         ("dead-lettered", summary["deadLettered"]),
         ("pending", summary["pending"]),
-        ("lost", len(summary["lost"])),
-        ("duplicates", len(summary["duplicates"])),
+        ("lost", summary.get("lostCount", len(summary["lost"]))),
+        ("duplicates", summary.get("duplicateCount", len(summary["duplicates"]))),
         ("reclaims", summary["reclaims"]),
         (
             "reclaims by reason",
@@ -274,11 +274,11 @@ window {html.escape(str(window.get("since") or "start of log"))} to
 {images}
 <h2>Lost entries</h2>
 <p>Dispatched, never completed, not dead-lettered and no longer pending.</p>
-{_table(["stream", "entry", "issue"], lost_rows)}
+{_table(["stream", "entry", "issue"], lost_rows, summary.get("lostCount"))}
 <h2>Duplicate work</h2>
 <p>Issues completed by more than one consumer, or with an older attempt reporting after a
 newer one had started.</p>
-{_table(["issue", "consumers"], duplicate_rows)}
+{_table(["issue", "consumers"], duplicate_rows, summary.get("duplicateCount"))}
 <h2>Dead-letter rate per stream</h2>
 {_table(["stream", "dispatched", "dead-lettered", "rate"], rate_rows)}
 <h2>Agent availability</h2>

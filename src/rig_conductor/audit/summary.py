@@ -27,6 +27,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 LATENCY_BINS = 40
 TIMELINE_DOWN_PERIODS = 20_000  # down periods drawn in the availability plot, at most
+# Lost entries, duplicate issues and agents listed in summary.json, at most: the driver holds
+# counts and bounded samples only, whatever the log's size; the whole lists are Parquet tables.
+LISTED_AT_MOST = 1_000
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -48,7 +51,8 @@ def summarize(
 ) -> tuple[dict[str, Any], report.ReportData]:
     """Collect the findings' small results into summary.json's shape and the report's data.
 
-    `lost` and `duplicates` carry exactly the contract's keys; the details are in Parquet.
+    `lost` and `duplicates` carry exactly the contract's keys, for the first LISTED_AT_MOST in
+    order (`lostCount` and `duplicateCount` count them all); the details are in Parquet.
     """
     from pyspark.sql import functions as F
 
@@ -56,9 +60,11 @@ def summarize(
 
     totals = _one(findings.status.transform(_totals))
     latency = _one(findings.latency)
-    lost = findings.lost.select("stream", "entry_id", "issue_id").collect()
-    duplicates = findings.duplicates.select("issue_id", "consumers").collect()
-    agents = findings.availability.collect()
+    lost = findings.lost.select("stream", "entry_id", "issue_id").take(LISTED_AT_MOST)
+    duplicates = findings.duplicates.select("issue_id", "consumers").take(LISTED_AT_MOST)
+    duplicate_count = findings.duplicates.count()
+    agents = findings.availability.take(LISTED_AT_MOST)
+    agent_count = findings.availability.count()
     rates = findings.dead_letter_rate.collect()
     fenced = findings.reports.where(F.col("fenced")).count()
     sightings = findings.sightings.count()
@@ -74,6 +80,9 @@ def summarize(
         "duplicates": [
             {"issueId": r["issue_id"], "consumers": list(r["consumers"])} for r in duplicates
         ],
+        "lostCount": totals["lost"],
+        "duplicateCount": duplicate_count,
+        "listedAtMost": LISTED_AT_MOST,
         "reclaims": latency["reclaims"],
         "reclaimsByReason": {
             r["reason"]: r["reclaims"]
@@ -103,6 +112,7 @@ def summarize(
         "fencedReports": fenced,
         "consumersWithoutHeartbeat": sightings,
         "agentDownMs": settings.agent_down_ms,
+        "agentCount": agent_count,
         "agents": [
             {
                 "agentId": a["agent_id"],
@@ -197,19 +207,15 @@ def write_outputs(
     *,
     timings: Mapping[str, int] | None = None,
 ) -> None:
-    """Parquet tables, plots and report.html, then summary.json (written whole, last)."""
+    """Plots and report.html, then summary.json (written whole, last)."""
     from dataclasses import replace
 
     from rig_conductor.audit import report
 
     started = time.perf_counter()
     directory.mkdir(parents=True, exist_ok=True)
-    tables: dict[str, str] = {}
-    for name, frame in findings.tables().items():
-        # Small tables in one file each; the per-entry table keeps Spark's partitioning.
-        out = frame if name in ("entries", "reclaims") else frame.coalesce(1)
-        out.write.mode("overwrite").parquet(str(directory.resolve() / name))
-        tables[name] = name
+    # The Parquet tables were written as the rules ran (job.reconcile_all).
+    tables = {name: name for name in findings.tables()}
     summary["tables"] = tables
     data = replace(data, tables=tables)
     plots = report.write_plots(directory, summary, data)
