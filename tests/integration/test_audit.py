@@ -482,11 +482,11 @@ async def test_a_window_with_no_events_writes_an_empty_audit(
     assert (out / "report.html").exists() and (out / "reclaim_latency.png").exists()
 
 
-def run_cli(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(tmp_path: Path, output: str = "out", **env: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     environment.update(env)
     return subprocess.run(
-        [sys.executable, "-m", "rig_conductor.audit", "--output", str(tmp_path / "out")],
+        [sys.executable, "-m", "rig_conductor.audit", "--output", str(tmp_path / output)],
         env=environment,
         capture_output=True,
         text=True,
@@ -515,3 +515,15 @@ def test_a_unix_socket_database_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "RIG_DATABASE_URL" in lines[0] and "TCP" in lines[0], done.stderr
+
+
+def test_an_output_path_spark_would_take_for_a_pattern_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    jar = tmp_path / "postgresql.jar"
+    jar.write_bytes(b"")
+    done = run_cli(tmp_path, "audit[1]", RIG_JDBC_JAR=str(jar))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--output" in lines[0] and "[ ]" in lines[0], done.stderr
+    assert not (tmp_path / "audit[1]").exists()

@@ -165,16 +165,14 @@ def _record_verdict(settings: Settings, summary: dict[str, Any], output: Path) -
     The audit's files are written already: a failure here is a warning, not a failed audit."""
     from rig_conductor.adapters.postgres import audits
 
-    # summary.json lists a bounded sample; the verdict counts every lost entry and duplicate
-    # (record_audit takes len() of the lists: ranges of the counts say it without the items).
-    verdict = {
-        **summary,
-        "lost": range(summary["lostCount"]),
-        "duplicates": range(summary["duplicateCount"]),
-    }
     try:
         audits.record_audit(
-            settings.sqlalchemy_url, tenant=settings.tenant, summary=verdict, output=str(output)
+            settings.sqlalchemy_url,
+            tenant=settings.tenant,
+            dispatched=summary["dispatched"],
+            lost=summary["lostCount"],
+            duplicates=summary["duplicateCount"],
+            output=str(output),
         )
     except Exception as exc:
         logger.warning("Audit verdict not recorded in PostgreSQL: %s", describe(exc))

@@ -36,6 +36,9 @@ class AuditError(Exception):
     """An operator mistake or a missing prerequisite: one line, exit 2."""
 
 
+HADOOP_GLOB = "[]{}*?\\"  # characters of a Hadoop path pattern
+
+
 def preflight(options: AuditOptions, settings: Settings) -> JdbcSource:
     """Everything checkable before Spark starts; raises AuditError with one line."""
     try:
@@ -52,6 +55,13 @@ def preflight(options: AuditOptions, settings: Settings) -> JdbcSource:
         raise AuditError("--since must be before --until")
     if options.output.exists() and not options.output.is_dir():
         raise AuditError(f"--output {options.output} exists and is not a directory")
+    globbed = sorted(set(HADOOP_GLOB) & set(str(options.output.resolve())))
+    if globbed:
+        # The audit reads back what it wrote there, and Hadoop takes these for a pattern.
+        raise AuditError(
+            f"--output {options.output}: a path with {' '.join(globbed)} in it cannot be read "
+            "back by Spark (Hadoop takes those characters for a pattern); choose another"
+        )
     if not options.jdbc_jar.is_file():
         raise AuditError(
             f"{JDBC_JAR_ENV}: no PostgreSQL JDBC driver at {options.jdbc_jar} (install Debian's "

@@ -27,8 +27,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 LATENCY_BINS = 40
 TIMELINE_DOWN_PERIODS = 20_000  # down periods drawn in the availability plot, at most
-# Lost entries, duplicate issues and agents listed in summary.json, at most: the driver holds
-# counts and bounded samples only, whatever the log's size; the whole lists are Parquet tables.
+# Rows the driver holds of any per-entry result, at most: the report's tables and summary.json's
+# agents. summary.json's `lost` and `duplicates` are whole, streamed a partition at a time.
 LISTED_AT_MOST = 1_000
 
 
@@ -52,7 +52,8 @@ def summarize(
     """Collect the findings' small results into summary.json's shape and the report's data.
 
     `lost` and `duplicates` carry exactly the contract's keys, for the first LISTED_AT_MOST in
-    order (`lostCount` and `duplicateCount` count them all); the details are in Parquet.
+    order (`lostCount` and `duplicateCount` count them all): what the report shows.
+    `write_outputs` writes them whole to summary.json; the details are in Parquet.
     """
     from pyspark.sql import functions as F
 
@@ -82,7 +83,6 @@ def summarize(
         ],
         "lostCount": totals["lost"],
         "duplicateCount": duplicate_count,
-        "listedAtMost": LISTED_AT_MOST,
         "reclaims": latency["reclaims"],
         "reclaimsByReason": {
             r["reason"]: r["reclaims"]
@@ -224,5 +224,30 @@ def write_outputs(
     if timings is not None:
         summary["timingsMs"] = {**timings, "writeMs": _ms_since(started)}
     partial = directory / "summary.json.partial"
-    partial.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    _write_summary(partial, summary, findings)
     partial.replace(directory / "summary.json")
+
+
+def _write_summary(path: Path, summary: Mapping[str, Any], findings: Findings) -> None:
+    """summary.json with every lost entry and every duplicate issue (the contract's lists, in
+    the order the report shows them), streamed from Spark a partition at a time: the driver
+    never holds a whole list, however long."""
+    lost = (
+        {"stream": r["stream"], "entryId": r["entry_id"], "issueId": r["issue_id"]}
+        for r in findings.lost.select("stream", "entry_id", "issue_id").toLocalIterator()
+    )
+    duplicates = (
+        {"issueId": r["issue_id"], "consumers": list(r["consumers"])}
+        for r in findings.duplicates.select("issue_id", "consumers").toLocalIterator()
+    )
+    rest = {key: value for key, value in summary.items() if key not in ("lost", "duplicates")}
+    with path.open("w", encoding="utf-8") as out:
+        out.write("{")
+        for key, items in (("lost", lost), ("duplicates", duplicates)):
+            out.write(f'\n  "{key}": [')
+            written = 0
+            for item in items:
+                out.write(("," if written else "") + "\n    " + json.dumps(item))
+                written += 1
+            out.write("\n  ]," if written else "],")
+        out.write("\n" + json.dumps(rest, indent=2)[2:] + "\n")

@@ -3,10 +3,8 @@ conductor for its rig_audit_* gauges. Decides nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import sqlalchemy
 from sqlalchemy import select
@@ -23,14 +21,13 @@ class AuditVerdict:
     duplicates: int
 
 
-def record_audit(url: str, *, tenant: str, summary: Mapping[str, Any], output: str) -> None:
-    """Store a finished audit's verdict, and an AUDIT_COMPLETED event, in one transaction.
-    Blocking: the audit's driver calls it once, at the end."""
-    verdict = {
-        "dispatched": int(summary["dispatched"]),
-        "lost": len(summary["lost"]),
-        "duplicates": len(summary["duplicates"]),
-    }
+def record_audit(
+    url: str, *, tenant: str, dispatched: int, lost: int, duplicates: int, output: str
+) -> None:
+    """Store a finished audit's verdict (how many entries it found dispatched and lost, how many
+    issues done twice), and an AUDIT_COMPLETED event, in one transaction. Blocking: the audit's
+    driver calls it once, at the end."""
+    verdict = {"dispatched": dispatched, "lost": lost, "duplicates": duplicates}
     engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
     try:
         with engine.begin() as conn:
