@@ -84,9 +84,10 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
                 E2E_DEGRADED_PAUSE_S="600",
             )
             healthy = [fleet.start(*agent, **where) for agent in HEALTHY]
+            # Generous: four agent processes start at once, and a loaded CI machine is slow.
             for agent in healthy:
-                await wait_for(lambda a=agent: heard_from(api, a.consumer), within=30)
-            await wait_for(lambda: _flagged(api, CODEX[0]), within=30)
+                await wait_for(lambda a=agent: heard_from(api, a.consumer), within=60)
+            await wait_for(lambda: _flagged(api, CODEX[0]), within=60)
 
             async def settled() -> bool:
                 done = await accepted_completions(engine, stream=STREAM)
