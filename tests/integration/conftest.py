@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
+import httpx
 import pytest
+from fastapi import FastAPI
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
+from rig_conductor.settings import Settings
 from tests import needs
+
+from .console_kit import builder, client_of
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,3 +34,19 @@ async def any_redis(
     await client.flushdb()
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+def build(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> Callable[..., FastAPI]:
+    """The conductor's app as `console_kit.builder` makes it, on the test's Redis and database
+    (both emptied first); a module may define its own `build`."""
+    return builder(make_settings)
+
+
+@pytest.fixture
+async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `build()`'s app over ASGI, its lifespan running; not signed in."""
+    async for client in client_of(build()):
+        yield client

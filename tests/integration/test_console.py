@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -21,7 +21,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor import logs
 from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres.tables import assignments, events
-from rig_conductor.settings import Settings
 
 from .console_kit import (
     AGENT,
@@ -29,26 +28,12 @@ from .console_kit import (
     VIEWER,
     G,
     S,
-    builder,
     client_of,
     flash_of,
     sign_in,
     stuck,
 )
 from .helpers import owners, register
-
-
-@pytest.fixture
-def build(
-    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
-) -> Callable[..., FastAPI]:
-    return builder(make_settings)
-
-
-@pytest.fixture
-async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in client_of(build()):
-        yield client
 
 
 async def test_a_viewer_sees_everything_and_may_change_nothing(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -17,25 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import scan_reports
 from rig_conductor.console import session
-from rig_conductor.settings import Settings
 
-from .console_kit import OPERATOR, G, S, builder, client_of, csrf_of, sign_in, stuck
+from .console_kit import OPERATOR, G, S, client_of, csrf_of, sign_in, stuck
 from .helpers import owners
 
 EVIL = "<script>alert('x')</script>"
-
-
-@pytest.fixture
-def build(
-    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
-) -> Callable[..., FastAPI]:
-    return builder(make_settings)
-
-
-@pytest.fixture
-async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in client_of(build()):
-        yield client
 
 
 # Every POST route of the console with a session (sign-in has its own form token: see

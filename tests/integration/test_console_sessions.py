@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -17,24 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.console import session
 from rig_conductor.operations import sessions
-from rig_conductor.settings import Settings
 
-from .console_kit import OPERATOR, VIEWER, S, builder, client_of, csrf_of, post_sign_in, sign_in
+from .console_kit import OPERATOR, VIEWER, S, client_of, csrf_of, post_sign_in, sign_in
 
 SECRET = "a-secret-shared-by-replicas-0123456789"
-
-
-@pytest.fixture
-def build(
-    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
-) -> Callable[..., FastAPI]:
-    return builder(make_settings)
-
-
-@pytest.fixture
-async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for client in client_of(build()):
-        yield client
 
 
 async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(

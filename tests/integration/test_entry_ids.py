@@ -4,17 +4,11 @@ what the request named is not "Redis is unavailable"."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-
 import httpx
 import pytest
-from fastapi import FastAPI
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.settings import Settings
-
-from .console_kit import OPERATOR, G, S, builder, client_of, sign_in, stuck
+from .console_kit import OPERATOR, G, S, sign_in, stuck
 
 # The fuzzer's find: the pattern matches, but both parts exceed 2^64-1.
 OVER = "62897778110416964515-160485"
@@ -22,34 +16,21 @@ BAD_IDS = [OVER, f"{2**64}-0", f"0-{2**64}", "\u0661-1", "1-1\n", "nope"]
 BEARER = {"Authorization": f"Bearer {OPERATOR}"}
 
 
-@pytest.fixture
-def build(
-    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
-) -> Callable[..., FastAPI]:
-    return builder(make_settings)
-
-
-@pytest.fixture
-async def client(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncClient]:
-    async for c in client_of(build()):
-        yield c
-
-
 @pytest.mark.parametrize("bad", BAD_IDS)
 async def test_the_api_answers_422_to_an_id_redis_would_refuse(
-    client: httpx.AsyncClient, redis: Redis, bad: str
+    console: httpx.AsyncClient, redis: Redis, bad: str
 ) -> None:
     await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
-    delete = await client.delete(
+    delete = await console.delete(
         "/api/deadletters", params={"stream": S, "dlqId": bad}, headers=BEARER
     )
     assert delete.status_code == 422, delete.text
     assert delete.json()["errors"][0]["field"] == "query.dlqId"
-    requeue = await client.post(
+    requeue = await console.post(
         "/api/deadletters/requeue", json={"stream": S, "dlqId": bad}, headers=BEARER
     )
     assert requeue.status_code == 422 and requeue.json()["errors"][0]["field"] == "dlqId"
-    work = await client.post(
+    work = await console.post(
         "/api/events",
         json={"type": "WORK_STARTED", "agentId": "dev-e", "stream": S, "entryId": bad},
         headers=BEARER,
@@ -58,19 +39,19 @@ async def test_the_api_answers_422_to_an_id_redis_would_refuse(
     assert await redis.xlen(f"{S}:dlq") == 1
 
 
-async def test_the_largest_id_redis_takes_is_accepted(client: httpx.AsyncClient) -> None:
+async def test_the_largest_id_redis_takes_is_accepted(console: httpx.AsyncClient) -> None:
     top = f"{2**64 - 1}-{2**64 - 1}"
-    answer = await client.delete(
+    answer = await console.delete(
         "/api/deadletters", params={"stream": S, "dlqId": top}, headers=BEARER
     )
     assert answer.status_code == 404  # a well-formed id of no dead letter
 
 
 async def test_a_redis_refusal_caused_by_the_request_is_not_an_outage(
-    client: httpx.AsyncClient, redis: Redis
+    console: httpx.AsyncClient, redis: Redis
 ) -> None:
     await redis.set("plain:dlq", "not a stream")
-    answer = await client.get("/api/deadletters", params={"stream": "plain"}, headers=BEARER)
+    answer = await console.get("/api/deadletters", params={"stream": "plain"}, headers=BEARER)
     assert answer.status_code == 422, answer.text
     assert "unavailable" not in answer.text and "WRONGTYPE" in answer.json()["detail"]
     assert "retry-after" not in answer.headers
@@ -78,21 +59,21 @@ async def test_a_redis_refusal_caused_by_the_request_is_not_an_outage(
 
 @pytest.mark.parametrize("bad", BAD_IDS)
 async def test_the_console_answers_a_400_page_to_a_bad_id(
-    client: httpx.AsyncClient, redis: Redis, bad: str
+    console: httpx.AsyncClient, redis: Redis, bad: str
 ) -> None:
-    held = await stuck(redis, client, 2)
-    csrf = await sign_in(client, OPERATOR)
+    held = await stuck(redis, console, 2)
+    csrf = await sign_in(console, OPERATOR)
     await redis.xadd(f"{S}:dlq", {"originalId": "1-1", "reason": "max-deliveries"})
     answers = [
-        await client.get(
+        await console.get(
             "/ui/pending", params={"stream": S, "group": G, "consumer": "dev-e-0", "after": bad}
         ),
-        await client.get("/ui/deadletters", params={"before": bad}),
-        await client.post(
+        await console.get("/ui/deadletters", params={"before": bad}),
+        await console.post(
             "/ui/deadletters/requeue", data={"csrf": csrf, "stream": S, "ids": [bad]}
         ),
-        await client.post("/ui/deadletters/delete", data={"csrf": csrf, "stream": S, "one": bad}),
-        await client.post(
+        await console.post("/ui/deadletters/delete", data={"csrf": csrf, "stream": S, "one": bad}),
+        await console.post(
             "/ui/move",
             data={
                 "csrf": csrf,
@@ -113,12 +94,12 @@ async def test_the_console_answers_a_400_page_to_a_bad_id(
 
 
 async def test_a_console_move_never_echoes_its_input_unescaped(
-    client: httpx.AsyncClient, redis: Redis
+    console: httpx.AsyncClient, redis: Redis
 ) -> None:
-    await stuck(redis, client, 1)
-    csrf = await sign_in(client, OPERATOR)
+    await stuck(redis, console, 1)
+    csrf = await sign_in(console, OPERATOR)
     evil = "<script>alert(1)</script>"
-    answer = await client.post(
+    answer = await console.post(
         "/ui/move",
         data={
             "csrf": csrf,
