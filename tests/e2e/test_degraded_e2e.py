@@ -71,7 +71,11 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
         fleet_env = {"E2E_OUT_DIR": str(out), "E2E_WORK_S": "0.02"}
         with Fleet(redis_url, conductor.url, tmp_path, fleet_env) as fleet:
             where = {"stream": STREAM, "group": GROUP}
-            # codex took the reviews while it was still healthy ...
+            # codex took the reviews while it was still healthy (and heard from: an agent never
+            # heard from is down, and its stale entries would go to whichever healthy consumer
+            # starts first, before codex could find out about its quota) ...
+            beat = {"type": "HEARTBEAT", "agentId": CODEX[0], "consumer": CODEX[1]}
+            assert (await api.post("/api/events", json=beat)).status_code == 202
             await redis.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
             entries = {issue: await dispatch(api, issue, {"pr": issue}) for issue in ISSUES}
             await redis.xreadgroup(GROUP, CODEX[1], {STREAM: ">"}, count=len(ISSUES))
