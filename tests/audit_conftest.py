@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.spark.cluster import SparkCluster
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
 
 JDBC_JAR = Path(os.environ.get("RIG_JDBC_JAR") or "/usr/share/java/postgresql.jar")
 
@@ -95,3 +98,17 @@ def jdbc_ready_fixture(database_url: str) -> str:
             "Spark JDBC needs TCP: set RIG_TEST_DATABASE_URL"
         )
     return database_url
+
+
+@pytest.fixture(scope="module", name="cluster")
+def cluster_fixture(
+    jdbc_ready: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SparkCluster]:
+    """A Spark standalone master and two one-core workers from the wheel, for one module."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        unavailable("no Java for the Spark cluster (needs Java 17+)")
+    made = SparkCluster(Path(tmp_path_factory.mktemp("spark")))
+    try:
+        yield made.start()
+    finally:
+        made.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -29,13 +28,13 @@ from sqlalchemy.engine import make_url
 from rig_conductor.adapters.postgres import migrations
 from tests.audit_conftest import (  # noqa: F401
     JDBC_JAR,
+    cluster_fixture,
     jdbc_ready_fixture,
     require_pyspark,
     spark_fixture,
     unavailable,
 )
 from tests.spark import planted as planter
-from tests.spark.cluster import SparkCluster
 
 require_pyspark()
 
@@ -72,17 +71,6 @@ def scale_db(jdbc_ready: str) -> Iterator[tuple[str, dict[str, planter.Planted]]
     finally:
         with psycopg.connect(_conninfo(jdbc_ready), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(scope="module")
-def cluster(jdbc_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        unavailable("no Java for the Spark cluster (needs Java 17+)")
-    made = SparkCluster(Path(tmp_path_factory.mktemp("spark")))
-    try:
-        yield made.start()
-    finally:
-        made.stop()
 
 
 def run_audit(

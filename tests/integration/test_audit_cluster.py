@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.settings import Settings
 from tests.audit_conftest import (  # noqa: F401
     JDBC_JAR,
+    cluster_fixture,
     jdbc_ready_fixture,
     require_pyspark,
     unavailable,
@@ -43,17 +43,6 @@ COMPARED = (
     "dispatched", "completed", "deadLettered", "pending", "lost", "duplicates", "reclaims",
     "reclaimLatencyMs", "reclaimsByReason", "pendingInPel", "pendingUndelivered", "requeued",
 )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def cluster(jdbc_ready: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        unavailable("no Java for the Spark cluster (needs Java 17+)")
-    made = SparkCluster(Path(tmp_path_factory.mktemp("spark")))
-    try:
-        yield made.start()
-    finally:
-        made.stop()
 
 
 def audit(
