@@ -1,7 +1,8 @@
 """Audit benchmark: events audited per second by the audit job, warm, on local[2] and on a Spark
 standalone cluster of two one-core workers (started from the pyspark wheel), against a plain
 JDBC -> Parquet copy of the same rows in the same session as the baseline; and the driver's peak
-RSS (this process and its JVM: in local mode the executors live there too).
+RSS (this process and its JVM: in local mode the executors live there too), all of it and its
+anonymous part (without the file pages of mapped shuffle files).
 
     .venv/bin/python bench/audit.py                  # 1M and 5M events, both masters
     .venv/bin/python bench/audit.py --quick          # 200k events, local[2] only
@@ -73,11 +74,12 @@ def dataset(url: str, events: int) -> planter.Planted:
         return log
 
 
-def tree_rss_mb(root: int, skip: frozenset[int] = frozenset()) -> float:
-    """Resident memory of `root` and its descendants (the driver's JVM), from /proc; not of
-    the processes in `skip` and theirs (the standalone cluster's master and workers)."""
+def tree_rss_mb(root: int, skip: frozenset[int] = frozenset()) -> tuple[float, float]:
+    """Resident memory of `root` and its descendants (the driver's JVM), from /proc: all of it,
+    and the anonymous part (heap and native allocations; the rest is file pages, such as the
+    shuffle files the JVM maps). Not of the processes in `skip` and theirs (the standalone
+    cluster's master and workers)."""
     children: dict[int, list[int]] = {}
-    rss: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -86,25 +88,32 @@ def tree_rss_mb(root: int, skip: frozenset[int] = frozenset()) -> float:
         except OSError:
             continue
         children.setdefault(int(fields[1]), []).append(int(entry.name))
-        rss[int(entry.name)] = int(fields[21])  # pages
-    todo, total = [root], 0
+    todo, total, anon = [root], 0.0, 0.0
     while todo:
         pid = todo.pop()
         if pid in skip:
             continue
-        total += rss.get(pid, 0)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Rss")}
+        total += kb.get("RssAnon", 0) + kb.get("RssFile", 0) + kb.get("RssShmem", 0)
+        anon += kb.get("RssAnon", 0)
         todo += children.get(pid, [])
-    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return total / 1024, anon / 1024
 
 
 @contextmanager
 def peak_rss(skip: frozenset[int]) -> Iterator[list[float]]:
-    """The peak of `tree_rss_mb(this process)` while the block runs, sampled every 100 ms."""
-    peak, done = [0.0], threading.Event()
+    """The peaks of `tree_rss_mb(this process)` (all, anonymous) while the block runs, sampled
+    every 100 ms."""
+    peak, done = [0.0, 0.0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], tree_rss_mb(os.getpid(), skip))
+            total, anon = tree_rss_mb(os.getpid(), skip)
+            peak[0], peak[1] = max(peak[0], total), max(peak[1], anon)
             done.wait(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -123,6 +132,7 @@ class Result:
     audit_s: float
     copy_s: float
     rss_mb: float
+    anon_mb: float
     timings: dict[str, int]
 
 
@@ -156,7 +166,7 @@ def audit(
     found["reclaims"] = summary["reclaims"]
     if found != log.expected() or summary["reclaimsByReason"] != log.by_reason():
         raise BenchError(f"{log.tenant}: found {found}, planted {log.expected()}")
-    return Result("", summary["events"], seconds, 0.0, peak[0], timings)
+    return Result("", summary["events"], seconds, 0.0, peak[0], peak[1], timings)
 
 
 def copy(spark: SparkSession, url: str, log: planter.Planted, out: Path, partitions: int) -> float:
@@ -253,12 +263,12 @@ def report(results: list[Result], memory: str) -> None:
     head = (
         f"{'master':>10} {'events':>10} {'audit s':>8} {'ev/s':>8} {'copy ev/s':>10} {'ratio':>6}"
     )
-    print(f"{head} {'driver RSS':>11}\n{'-' * (len(head) + 12)}")
+    print(f"{head} {'driver RSS':>11} {'anon':>8}\n{'-' * (len(head) + 21)}")
     rates = {(r.master, r.events): r.events / r.audit_s for r in results}
     for r in results:
         rate, baseline = r.events / r.audit_s, r.events / r.copy_s
         print(f"{r.master:>10} {r.events:>10,} {r.audit_s:>8.1f} {rate:>8,.0f} {baseline:>10,.0f} "
-              f"{rate / baseline:>6.2f} {r.rss_mb:>8,.0f} MB")  # fmt: skip
+              f"{rate / baseline:>6.2f} {r.rss_mb:>8,.0f} MB {r.anon_mb:>5,.0f} MB")  # fmt: skip
     big = max((r.events for r in results), default=0)
     if ("local[2]", big) in rates:
         goal(f"local[2] events/s at {big:,}", rates["local[2]", big], ">=", 100_000)

@@ -129,6 +129,11 @@ def dlq_frame(spark: SparkSession, *rows: tuple[str, str, str, str | None]) -> D
 # ------------------------------------------------------------------------------- dispatched
 
 
+def facts(events: DataFrame) -> DataFrame:
+    """Every dispatched entry, as the audit job finds them."""
+    return rc.entry_facts(events, rc.replaced_dispatches(events))
+
+
 def test_dispatched_entries_come_from_assignments_and_requeues(spark: SparkSession) -> None:
     log = (
         Log()
@@ -138,7 +143,7 @@ def test_dispatched_entries_come_from_assignments_and_requeues(spark: SparkSessi
         .work(rc.WORK_STARTED, "7-0", "dev-e-0", 1)  # a report alone dispatches nothing
         .add(rc.DEAD_LETTER_REQUEUED, entry="9-0", issue="rc-1", detail={"dlqId": "5-0"})
     )
-    rows = {r["entry_id"]: r for r in rc.dispatched(log.frame(spark)).collect()}
+    rows = {r["entry_id"]: r for r in facts(log.frame(spark)).collect()}
     assert sorted(rows) == ["1-0", "9-0"]
     assert (rows["1-0"]["origin"], rows["1-0"]["issue_id"], rows["1-0"]["dispatch_event_id"]) == (
         "assigned",
@@ -156,7 +161,7 @@ def test_a_dispatch_appended_again_replaces_the_entry_redis_lost(spark: SparkSes
         .add(rc.ISSUE_ASSIGNED, entry="8-0", issue="rc-1", agent="dev-e",
              detail={"idempotencyKey": "rc-1", "replaces": "1-0"})
     )  # fmt: skip
-    rows = {r["entry_id"]: r["issue_id"] for r in rc.dispatched(log.frame(spark)).collect()}
+    rows = {r["entry_id"]: r["issue_id"] for r in facts(log.frame(spark)).collect()}
     assert rows == {"2-0": "rc-2", "8-0": "rc-1"}
 
 
@@ -164,7 +169,7 @@ def test_reports_take_the_issue_of_their_dispatch_when_they_name_none(spark: Spa
     log = Log().assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
     log.add(rc.WORK_COMPLETED, entry="1-0", agent="dev-e", issue="rc-own", attempt=1)
     events = log.frame(spark)
-    reports = rc.work_reports(events, rc.dispatched(events)).orderBy("id").collect()
+    reports = rc.work_reports(events, facts(events)).orderBy("id").collect()
     assert [(r["issue_id"], r["worker"]) for r in reports] == [
         ("rc-1", "dev-e-0"),
         ("rc-own", "dev-e"),  # no consumer: the agent stands in
@@ -232,12 +237,9 @@ class StatusWorld:
 def world(spark: SparkSession) -> StatusWorld:
     log, pending, letters = status_world()
     events = log.frame(spark)
-    dispatched = rc.dispatched(events)
-    reports = rc.work_reports(events, dispatched)
     dead = rc.dead_letters(events, dlq_frame(spark, *letters))
     status = rc.entry_status(
-        dispatched,
-        reports,
+        facts(events),
         dead,
         pending_frame(spark, *pending),
         rc.unmatched_requeues(events),
@@ -408,10 +410,16 @@ class DuplicateWorld:
 @pytest.fixture(scope="module")
 def dupes(spark: SparkSession) -> DuplicateWorld:
     events = duplicate_world().frame(spark)
-    reports = rc.work_reports(events, rc.dispatched(events)).cache()
-    overlaps = duplicates.overlapping_attempts(reports).cache()
+    found = facts(events).cache()
+    reports = rc.work_reports(events, found).cache()
+    overlaps = duplicates.overlapping_attempts(reports, rc.reattempted(found)).cache()
     return DuplicateWorld(
-        duplicates={r["issue_id"]: r for r in duplicates.duplicates(reports, overlaps).collect()},
+        duplicates={
+            r["issue_id"]: r
+            for r in duplicates.duplicates(
+                reports, overlaps, duplicates.completed_by_several(reports)
+            ).collect()
+        },
         overlaps={r["entry_id"]: r for r in overlaps.collect()},
     )
 

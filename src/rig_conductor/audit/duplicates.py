@@ -15,14 +15,17 @@ from rig_conductor.audit.reconcile import (
 )
 
 
-def overlapping_attempts(reports: DataFrame) -> DataFrame:
+def overlapping_attempts(reports: DataFrame, reattempted: DataFrame) -> DataFrame:
     """Reports of an older attempt, fenced or not, made after a newer attempt had started.
 
     "After" is event-log order (the id), which for one entry is the order in which its
     conditional updates committed. Each such report is paired with the first newer start it
-    followed. Columns: stream, entry_id, issue_id, older_event_id, older_kind, older_worker,
-    older_attempt, older_fenced, older_reported_at, newer_attempt, newer_worker, newer_started_at.
+    followed. Only the entries in `reattempted` (`reconcile.reattempted`: reported on under
+    more than one attempt) can hold one, so only their reports are paired.
+    Columns: stream, entry_id, issue_id, older_event_id, older_kind, older_worker, older_attempt,
+    older_fenced, older_reported_at, newer_attempt, newer_worker, newer_started_at.
     """
+    reports = reports.join(reattempted, ENTRY, "left_semi")
     starts = reports.where(
         (F.col("kind") == WORK_STARTED) & ~F.col("fenced") & F.col("attempt").isNotNull()
     ).select(
@@ -68,22 +71,26 @@ def _issue_key(prefix: str = "") -> Column:
     )
 
 
-def duplicates(reports: DataFrame, overlaps: DataFrame) -> DataFrame:
-    """Issues worked twice: completed (accepted) by more than one consumer, or with two attempts
-    running at once (`overlapping_attempts`).
+def completed_by_several(reports: DataFrame) -> DataFrame:
+    """The issues whose accepted completions name more than one worker: issue_key. Few rows:
+    the cheap first look of `duplicates`, which reads the details of these only."""
+    return (
+        completions(reports)
+        .groupBy(_issue_key().alias("issue_key"))
+        .agg(F.min("worker").alias("first"), F.max("worker").alias("last"))
+        .where(F.col("first") != F.col("last"))
+        .select("issue_key")
+    )
+
+
+def duplicates(reports: DataFrame, overlaps: DataFrame, several: DataFrame) -> DataFrame:
+    """Issues worked twice: completed (accepted) by more than one consumer (`several`, from
+    `completed_by_several`), or with two attempts running at once (`overlapping_attempts`).
 
     Columns: issue_id, consumers (sorted), reasons, entries (stream, entry_id).
     """
     entry = F.struct(*ENTRY)
     done = completions(reports).withColumn("issue_key", _issue_key())
-    # Cheap first: the few issues whose completions name more than one worker...
-    several = (
-        done.groupBy("issue_key")
-        .agg(F.min("worker").alias("first"), F.max("worker").alias("last"))
-        .where(F.col("first") != F.col("last"))
-        .select("issue_key")
-    )
-    # ...then the details for those only.
     by_consumers = (
         done.join(several, "issue_key")
         .groupBy("issue_key")

@@ -31,6 +31,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 STAGED = "events.staging"  # under the output directory while the audit runs; removed at the end
+BROADCAST_AT_MOST = 200_000  # rows of a small frame sent whole to every task instead of shuffled
 
 
 @dataclass
@@ -283,6 +284,8 @@ def reconcile_all(
     scan, not the whole lineage: planning a lineage this size again for each table and count
     cost more than the work on a small log) and nothing is cached in executor memory.
     """
+    from pyspark.sql import functions as F
+
     from rig_conductor.audit import duplicates, timelines
     from rig_conductor.audit import reconcile as rc
 
@@ -301,22 +304,34 @@ def reconcile_all(
     def staged(frame: DataFrame, name: str) -> DataFrame:
         return write(frame, staging / name, one_file=False)
 
-    dispatched = staged(rc.dispatched(events), "dispatched")
-    reports = staged(rc.work_reports(events, dispatched), "reports")
+    # Small frames first, each written: read back, their size lets the joins below broadcast
+    # them instead of shuffling the log against them.
+    replaced = staged(rc.replaced_dispatches(events), "replaced")
+    requeues = staged(rc.unmatched_requeues(events), "requeues")
     dead = table(rc.dead_letters(events, queue), "dead_letters")
     # The per-entry table keeps Spark's partitioning: it is as large as the log.
-    status = table(
-        rc.entry_status(dispatched, reports, dead, pending, rc.unmatched_requeues(events)),
-        "entries",
-        one_file=False,
+    facts = staged(rc.entry_facts(events, replaced), "facts")
+    judged = rc.judged_entries(facts, dead, pending)
+    matched = rc.requeued_letters(judged, requeues)
+    if requeues.count() <= BROADCAST_AT_MOST:
+        # At most one entry per requeue: sent whole to each task, so the large side of the
+        # last join is not shuffled again.
+        matched = F.broadcast(matched)
+    status = table(rc.with_requeued_letters(judged, matched), "entries", one_file=False)
+    reports = staged(rc.work_reports(events, status), "reports")
+    # Only entries worked under several attempts can overlap: their reports, not all of them.
+    reattempted = staged(rc.reattempted(facts), "reattempted")
+    overlaps = table(
+        duplicates.overlapping_attempts(reports, reattempted),
+        "overlapping_attempts",
     )
-    overlaps = table(duplicates.overlapping_attempts(reports), "overlapping_attempts")
+    several = staged(duplicates.completed_by_several(reports), "several")
     reclaims = table(timelines.reclaims(events), "reclaims", one_file=False)
     gaps = staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps")
     return Findings(
         status=status,
         lost=table(rc.lost(status), "lost"),
-        duplicates=table(duplicates.duplicates(reports, overlaps), "duplicates"),
+        duplicates=table(duplicates.duplicates(reports, overlaps, several), "duplicates"),
         overlaps=overlaps,
         reclaims=reclaims,
         latency=timelines.reclaim_latency(reclaims),

@@ -130,32 +130,92 @@ def per_entry(events: DataFrame) -> DataFrame:
     return single.unionByName(several.drop("entry_ids"))
 
 
-def dispatched(events: DataFrame) -> DataFrame:
-    """One row per dispatched entry.
+DISPATCH_COLUMNS = (
+    *ENTRY,
+    "issue_id",
+    "agent_id",
+    "dispatched_at",
+    "dispatch_event_id",
+    "origin",
+    "requeued_from",
+)
 
-    ISSUE_ASSIGNED rows, and DEAD_LETTER_REQUEUED rows: a dead letter put back on its stream is a
-    new entry (with the same issue) that has to be worked like any other. An entry a later
-    ISSUE_ASSIGNED `replaces` (Redis lost it before anyone started it, and the conductor
-    appended the dispatch again) is not counted: its replacement is.
-    Columns: stream, entry_id, issue_id, agent_id, dispatched_at, dispatch_event_id, origin
-    (`assigned` / `requeued`), requeued_from (the DLQ id a requeued entry came from).
-    """
-    rows = events.where(
-        F.col("kind").isin(ISSUE_ASSIGNED, DEAD_LETTER_REQUEUED)
-        & F.col("stream").isNotNull()
-        & F.col("entry_id").isNotNull()
-    )
-    first = F.min_by(F.struct("id", "kind", "issue_id", "agent_id", "occurred_at", "detail"), "id")
-    requeued = F.col("first.kind") == DEAD_LETTER_REQUEUED
-    replaced = (
-        rows.where(F.col("kind") == ISSUE_ASSIGNED)
-        .select("stream", F.get_json_object("detail", "$.replaces").alias("entry_id"))
+
+def replaced_dispatches(events: DataFrame) -> DataFrame:
+    """Entries a later ISSUE_ASSIGNED `replaces`: Redis lost them before anyone started them and
+    the conductor appended the dispatch again. Columns: stream, entry_id. Few rows."""
+    return (
+        # A cheap look for the key before the JSON is parsed: few dispatches replace another.
+        events.where(
+            (F.col("kind") == ISSUE_ASSIGNED)
+            & F.col("stream").isNotNull()
+            & F.col("detail").contains('"replaces"')
+        )
+        .select("stream", json_field("replaces").alias("entry_id"))
         .where(F.col("entry_id").isNotNull())
     )
+
+
+def entry_facts(events: DataFrame, replaced: DataFrame) -> DataFrame:
+    """One row per dispatched entry: its dispatch and what its reports say, in one pass.
+
+    Dispatches are ISSUE_ASSIGNED rows, and DEAD_LETTER_REQUEUED rows: a dead letter put back on
+    its stream is a new entry (with the same issue) that has to be worked like any other. The
+    first dispatch of an entry counts. An entry in `replaced` (`replaced_dispatches`) is not
+    counted: its replacement is. The dispatch rows and the WORK_* reports meet in one grouping
+    by entry, so the log is shuffled once for both.
+
+    Columns: DISPATCH_COLUMNS (origin `assigned` / `requeued`; requeued_from the DLQ id a
+    requeued entry came from), completed_at, completed_by, reports, attempts (the newest
+    reported), first_attempt (the oldest), fenced_reports, last (kind, worker, occurred_at of
+    the newest report); the report columns are NULL for an entry nobody reported on.
+    """
+    dispatch = F.col("kind").isin(ISSUE_ASSIGNED, DEAD_LETTER_REQUEUED)
+    report = F.col("kind").isin(*WORK_KINDS)
+    accepted = (F.col("kind") == WORK_COMPLETED) & ~F.col("fenced")  # as `completions`
+    rows = (
+        events.where(
+            (dispatch | report) & F.col("stream").isNotNull() & F.col("entry_id").isNotNull()
+        )
+        .join(replaced, ENTRY, "left_anti")
+        .select(
+            *ENTRY,
+            "id",
+            "kind",
+            "issue_id",
+            "agent_id",
+            "occurred_at",
+            F.coalesce("consumer", "agent_id").alias("worker"),
+            "attempt",
+            "fenced",
+            # The dispatch's fields can be large: only a requeue's DLQ id is shuffled.
+            F.when(F.col("kind") == DEAD_LETTER_REQUEUED, json_field("dlqId")).alias("dlq_id"),
+        )
+    )
+    first = F.min_by(
+        F.struct("id", "kind", "issue_id", "agent_id", "occurred_at", "dlq_id"),
+        F.when(dispatch, F.col("id")),
+    )
+    requeued = F.col("first.kind") == DEAD_LETTER_REQUEUED
     return (
-        rows.join(replaced, ENTRY, "left_anti")
+        # Hashed by entry first: an entry's rows are spread over the whole log, so a partial
+        # aggregation before the shuffle would sort every row and merge next to nothing.
+        rows.repartition(*ENTRY)
         .groupBy(*ENTRY)
-        .agg(first.alias("first"), F.max("issue_id").alias("any_issue"))
+        .agg(
+            first.alias("first"),
+            F.max(F.when(dispatch, F.col("issue_id"))).alias("any_issue"),
+            F.min(F.when(accepted, F.col("occurred_at"))).alias("completed_at"),
+            F.array_sort(F.collect_set(F.when(accepted, F.col("worker")))).alias("completed_by"),
+            F.count_if(report).alias("reports"),
+            F.max(F.when(report, F.col("attempt"))).alias("attempts"),
+            F.min(F.when(report, F.col("attempt"))).alias("first_attempt"),
+            F.count_if(report & F.col("fenced")).alias("fenced_reports"),
+            F.max_by(F.struct("kind", "worker", "occurred_at"), F.when(report, F.col("id"))).alias(
+                "last"
+            ),
+        )
+        .where(F.col("first").isNotNull())
         .select(
             *ENTRY,
             F.coalesce("first.issue_id", "any_issue").alias("issue_id"),
@@ -163,9 +223,22 @@ def dispatched(events: DataFrame) -> DataFrame:
             F.col("first.occurred_at").alias("dispatched_at"),
             F.col("first.id").alias("dispatch_event_id"),
             F.when(requeued, F.lit("requeued")).otherwise(F.lit("assigned")).alias("origin"),
-            F.when(requeued, F.get_json_object("first.detail", "$.dlqId")).alias("requeued_from"),
+            F.when(requeued, F.col("first.dlq_id")).alias("requeued_from"),
+            "completed_at",
+            "completed_by",
+            "reports",
+            "attempts",
+            "first_attempt",
+            "fenced_reports",
+            "last",
         )
     )
+
+
+def reattempted(facts: DataFrame) -> DataFrame:
+    """Entries reported on under more than one attempt: the only ones where an older attempt
+    can overlap a newer (`duplicates.overlapping_attempts`). Columns: stream, entry_id."""
+    return facts.where(F.col("attempts") > F.col("first_attempt")).select(*ENTRY)
 
 
 def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
@@ -180,7 +253,7 @@ def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
         & F.col("stream").isNotNull()
         & F.col("entry_id").isNotNull()
     )
-    return reports.join(issues, ENTRY, "left").select(
+    columns: list[Column | str] = [
         "id",
         "occurred_at",
         "kind",
@@ -191,7 +264,14 @@ def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
         "agent_id",
         "attempt",
         "fenced",
+    ]
+    # Agents name the issue in nearly every report: only the rest are joined with the
+    # dispatches (the join that shuffled every report before).
+    named = reports.where(F.col("issue_id").isNotNull()).withColumn(
+        "dispatched_issue", F.lit(None).cast(StringType())
     )
+    unnamed = reports.where(F.col("issue_id").isNull()).join(issues, ENTRY, "left")
+    return named.select(*columns).unionByName(unnamed.select(*columns))
 
 
 def completions(reports: DataFrame) -> DataFrame:
@@ -263,30 +343,15 @@ def unmatched_requeues(events: DataFrame) -> DataFrame:
     return requeues.join(logged, ["stream", "dlq_id"], "left_anti")
 
 
-def entry_status(
-    dispatched_entries: DataFrame,
-    reports: DataFrame,
-    dead: DataFrame,
-    pending: DataFrame,
-    requeues: DataFrame,
-) -> DataFrame:
-    """The status of every dispatched entry, with the evidence behind it.
+def judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> DataFrame:
+    """Every dispatched entry's status from its own evidence (before `requeued_letters`).
 
-    `pending` is the Redis snapshot (PENDING_SCHEMA); `requeues` is `unmatched_requeues(...)`.
-    Columns: the `dispatched` ones, status, completed_at, completed_by, dead_lettered_at,
-    dead_letter_sources, pending_states, pending_groups, pending_consumers, reports, attempts,
-    fenced_reports, last_report_kind, last_report_by, last_report_at, finished_at.
+    `facts` is `entry_facts(...)`, `dead` is `dead_letters(...)`, `pending` the Redis snapshot
+    (PENDING_SCHEMA). Columns: DISPATCH_COLUMNS, status, completed_at, completed_by,
+    dead_lettered_at, dead_letter_sources, pending_states, pending_groups, pending_consumers,
+    reports, attempts, fenced_reports, last_report_kind, last_report_by, last_report_at,
+    finished_at.
     """
-    accepted = (F.col("kind") == WORK_COMPLETED) & ~F.col("fenced")  # as `completions`
-    # One pass over the reports: completion and activity together (one shuffle, one join).
-    activity = reports.groupBy(*ENTRY).agg(
-        F.min(F.when(accepted, F.col("occurred_at"))).alias("completed_at"),
-        F.array_sort(F.collect_set(F.when(accepted, F.col("worker")))).alias("completed_by"),
-        F.count(F.lit(1)).alias("reports"),
-        F.max("attempt").alias("attempts"),
-        F.count_if(F.col("fenced")).alias("fenced_reports"),
-        F.max_by(F.struct("kind", "worker", "occurred_at"), "id").alias("last"),
-    )
     held = pending.groupBy(*ENTRY).agg(
         F.array_sort(F.collect_set("state")).alias("pending_states"),
         F.array_sort(F.collect_set("group_name")).alias("pending_groups"),
@@ -295,18 +360,26 @@ def entry_status(
     lettered = dead.select(
         *ENTRY, "dead_lettered_at", F.col("sources").alias("dead_letter_sources")
     )
-    joined = (
-        dispatched_entries.join(activity, ENTRY, "left")
-        .join(lettered, ENTRY, "left")
-        .join(held, ENTRY, "left")
-    )
+    joined = facts.join(lettered, ENTRY, "left").join(held, ENTRY, "left")
     status = (
         F.when(F.col("completed_at").isNotNull(), F.lit(COMPLETED))
         .when(F.col("dead_lettered_at").isNotNull(), F.lit(DEAD))
         .when(F.col("pending_states").isNotNull(), F.lit(PENDING))
         .otherwise(F.lit(LOST))
     )
-    judged = _requeued_letters(joined.withColumn("status", status), requeues)
+    return _entry_columns(joined.withColumn("status", status))
+
+
+def entry_status(
+    facts: DataFrame, dead: DataFrame, pending: DataFrame, requeues: DataFrame
+) -> DataFrame:
+    """The status of every dispatched entry, with the evidence behind it: `judged_entries`,
+    corrected by `requeued_letters`. `requeues` is `unmatched_requeues(...)`."""
+    judged = judged_entries(facts, dead, pending)
+    return with_requeued_letters(judged, requeued_letters(judged, requeues))
+
+
+def _entry_columns(judged: DataFrame) -> DataFrame:
     return judged.select(
         *ENTRY,
         "issue_id",
@@ -333,12 +406,13 @@ def entry_status(
     )
 
 
-def _requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
+def requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
     """Entries that look lost but whose letter was requeued: dead-lettered after all.
 
     Within one (stream, issue), the n-th such entry by dispatch order is matched with the n-th
     unmatched requeue, provided it was dispatched before that requeue. The entry a requeue
     created is never its own original: its dispatch is the requeue itself.
+    Columns: stream, entry_id, inferred_dead_at. As few rows as such requeues.
     """
     by_issue = ["stream", "issue_id"]
     candidates = judged.where((F.col("status") == LOST) & F.col("issue_id").isNotNull()).select(
@@ -357,11 +431,15 @@ def _requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
         .over(Window.partitionBy(*by_issue).orderBy("requeue_event_id"))
         .alias("rank"),
     )
-    matched = (
+    return (
         candidates.join(ranked, [*by_issue, "rank"])
         .where(F.col("dispatch_event_id") < F.col("requeue_event_id"))
         .select(*ENTRY, F.col("requeued_at").alias("inferred_dead_at"))
     )
+
+
+def with_requeued_letters(judged: DataFrame, matched: DataFrame) -> DataFrame:
+    """`judged` with the entries `requeued_letters` matched marked dead-lettered."""
     inferred = F.col("inferred_dead_at").isNotNull()
     return (
         judged.join(matched, ENTRY, "left")
@@ -371,6 +449,7 @@ def _requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
             "dead_letter_sources",
             F.when(inferred, F.array(F.lit("requeue"))).otherwise(F.col("dead_letter_sources")),
         )
+        .withColumn("finished_at", F.coalesce("finished_at", "inferred_dead_at"))
         .drop("inferred_dead_at")
     )
 
