@@ -233,8 +233,10 @@ class StatusWorld:
         return self.by_entry[(S, entry)]
 
 
-@pytest.fixture(scope="module")
-def world(spark: SparkSession) -> StatusWorld:
+# The requeue correction is joined either way (the audit broadcasts it when requeues are few):
+# every status test runs on both.
+@pytest.fixture(scope="module", params=[False, True], ids=["shuffled", "broadcast"])
+def world(spark: SparkSession, request: pytest.FixtureRequest) -> StatusWorld:
     log, pending, letters = status_world()
     events = log.frame(spark)
     dead = rc.dead_letters(events, dlq_frame(spark, *letters))
@@ -243,6 +245,7 @@ def world(spark: SparkSession) -> StatusWorld:
         dead,
         pending_frame(spark, *pending),
         rc.unmatched_requeues(events),
+        broadcast_matches=request.param,
     ).cache()
     totals = rc.totals(status).first()
     assert totals is not None
@@ -297,6 +300,8 @@ def test_a_requeued_runtime_letter_marks_its_original_dead_lettered(world: Statu
         rc.DEAD,
         ["requeue"],
     )
+    # Finished when its letter was requeued: it no longer counts as outstanding after that.
+    assert world["11-0"]["finished_at"] == world["11-0"]["dead_lettered_at"] is not None
     assert world["12-0"]["dead_letter_sources"] == ["event-log"]
     assert world["13-0"]["status"] == rc.LOST  # the rc-12 requeue is explained by the log
     # Requeued entries are dispatched entries of their own, never their own originals.

@@ -284,8 +284,6 @@ def reconcile_all(
     scan, not the whole lineage: planning a lineage this size again for each table and count
     cost more than the work on a small log) and nothing is cached in executor memory.
     """
-    from pyspark.sql import functions as F
-
     from rig_conductor.audit import duplicates, timelines
     from rig_conductor.audit import reconcile as rc
 
@@ -311,13 +309,12 @@ def reconcile_all(
     dead = table(rc.dead_letters(events, queue), "dead_letters")
     # The per-entry table keeps Spark's partitioning: it is as large as the log.
     facts = staged(rc.entry_facts(events, replaced), "facts")
-    judged = rc.judged_entries(facts, dead, pending)
-    matched = rc.requeued_letters(judged, requeues)
-    if requeues.count() <= BROADCAST_AT_MOST:
-        # At most one entry per requeue: sent whole to each task, so the large side of the
-        # last join is not shuffled again.
-        matched = F.broadcast(matched)
-    status = table(rc.with_requeued_letters(judged, matched), "entries", one_file=False)
+    few = requeues.count() <= BROADCAST_AT_MOST
+    status = table(
+        rc.entry_status(facts, dead, pending, requeues, broadcast_matches=few),
+        "entries",
+        one_file=False,
+    )
     reports = staged(rc.work_reports(events, status), "reports")
     # Only entries worked under several attempts can overlap: their reports, not all of them.
     reattempted = staged(rc.reattempted(facts), "reattempted")

@@ -343,8 +343,8 @@ def unmatched_requeues(events: DataFrame) -> DataFrame:
     return requeues.join(logged, ["stream", "dlq_id"], "left_anti")
 
 
-def judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> DataFrame:
-    """Every dispatched entry's status from its own evidence (before `requeued_letters`).
+def _judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> DataFrame:
+    """Every dispatched entry's status from its own evidence (before `_requeued_letters`).
 
     `facts` is `entry_facts(...)`, `dead` is `dead_letters(...)`, `pending` the Redis snapshot
     (PENDING_SCHEMA). Columns: DISPATCH_COLUMNS, status, completed_at, completed_by,
@@ -371,12 +371,23 @@ def judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> Dat
 
 
 def entry_status(
-    facts: DataFrame, dead: DataFrame, pending: DataFrame, requeues: DataFrame
+    facts: DataFrame,
+    dead: DataFrame,
+    pending: DataFrame,
+    requeues: DataFrame,
+    *,
+    broadcast_matches: bool = False,
 ) -> DataFrame:
-    """The status of every dispatched entry, with the evidence behind it: `judged_entries`,
-    corrected by `requeued_letters`. `requeues` is `unmatched_requeues(...)`."""
-    judged = judged_entries(facts, dead, pending)
-    return with_requeued_letters(judged, requeued_letters(judged, requeues))
+    """The status of every dispatched entry, with the evidence behind it: `_judged_entries`,
+    corrected by `_requeued_letters`. `requeues` is `unmatched_requeues(...)`.
+
+    `_requeued_letters` finds at most one entry per requeue: when the caller knows the requeues
+    are few, `broadcast_matches` sends those entries whole to every task, so the large side of
+    the last join is not shuffled again.
+    """
+    judged = _judged_entries(facts, dead, pending)
+    matched = _requeued_letters(judged, requeues)
+    return _with_requeued_letters(judged, F.broadcast(matched) if broadcast_matches else matched)
 
 
 def _entry_columns(judged: DataFrame) -> DataFrame:
@@ -406,7 +417,7 @@ def _entry_columns(judged: DataFrame) -> DataFrame:
     )
 
 
-def requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
+def _requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
     """Entries that look lost but whose letter was requeued: dead-lettered after all.
 
     Within one (stream, issue), the n-th such entry by dispatch order is matched with the n-th
@@ -438,8 +449,8 @@ def requeued_letters(judged: DataFrame, requeues: DataFrame) -> DataFrame:
     )
 
 
-def with_requeued_letters(judged: DataFrame, matched: DataFrame) -> DataFrame:
-    """`judged` with the entries `requeued_letters` matched marked dead-lettered."""
+def _with_requeued_letters(judged: DataFrame, matched: DataFrame) -> DataFrame:
+    """`judged` with the entries `_requeued_letters` matched marked dead-lettered."""
     inferred = F.col("inferred_dead_at").isNotNull()
     return (
         judged.join(matched, ENTRY, "left")
