@@ -17,15 +17,17 @@ Redis: RIG_BENCH_REDIS_URL (default redis://127.0.0.1:6379/13) receives the pend
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psycopg
@@ -222,6 +224,7 @@ def main() -> int:
     parser.add_argument("--masters", default="local[2],standalone")
     parser.add_argument("--driver-memory", default="2g", help="spark.driver.memory")
     parser.add_argument("--quick", action="store_true", help="200k events on local[2] only")
+    parser.add_argument("--results", help=argparse.SUPPRESS)  # a child's results, as JSON
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.masters = "200000", "local[2]"
@@ -234,22 +237,43 @@ def main() -> int:
     migrations.upgrade(url)
     sizes = [WARMUP_EVENTS] + [int(s.replace("_", "")) for s in args.sizes.split(",")]
     logs = [dataset(url, size) for size in sizes]
-    results: list[Result] = []
-    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:
-        for name in args.masters.split(","):
-            cluster = SparkCluster(Path(scratch, "spark")).start() if name == "standalone" else None
-            try:
-                master = cluster.url if cluster else name
-                skip = frozenset(p.pid for p in cluster.processes.values()) if cluster else None
-                root = Path(scratch, name.strip("]").replace("[", "-"))
-                results += run_master(
-                    name, master, args, logs, url, redis_url, root, skip or frozenset()
-                )
-            finally:
-                if cluster is not None:
-                    cluster.stop()
-    report(results, args.driver_memory)
+    masters = args.masters.split(",")
+    if len(masters) > 1:
+        # One process per master: PySpark keeps its JVM for the life of the process, so a
+        # master run after another would inherit its heap (and its RSS) in the driver.
+        results = [r for name in masters for r in in_own_process(name, args)]
+    else:
+        results = run_here(masters[0], args, logs, url, redis_url)
+    if args.results:
+        Path(args.results).write_text(json.dumps([asdict(r) for r in results]))
+    else:
+        report(results, args.driver_memory)
     return 0
+
+
+def in_own_process(master: str, args: argparse.Namespace) -> list[Result]:
+    """This benchmark on one master, run as a child process; its results."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        command = [sys.executable, __file__, f"--sizes={args.sizes}", f"--masters={master}"]
+        command += [f"--driver-memory={args.driver_memory}", f"--results={out.name}"]
+        if subprocess.run(command, check=False).returncode != 0:
+            raise BenchError(f"the run on {master} failed")
+        return [Result(**r) for r in json.loads(Path(out.name).read_text())]
+
+
+def run_here(
+    name: str, args: argparse.Namespace, logs: list[planter.Planted], url: str, redis_url: str
+) -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:
+        cluster = SparkCluster(Path(scratch, "spark")).start() if name == "standalone" else None
+        try:
+            master = cluster.url if cluster else name
+            skip = frozenset(p.pid for p in cluster.processes.values()) if cluster else None
+            root = Path(scratch, name.strip("]").replace("[", "-"))
+            return run_master(name, master, args, logs, url, redis_url, root, skip or frozenset())
+        finally:
+            if cluster is not None:
+                cluster.stop()
 
 
 def report(results: list[Result], memory: str) -> None:

@@ -7,6 +7,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 STAGED = "events.staging"  # under the output directory while the audit runs; removed at the end
 BROADCAST_AT_MOST = 200_000  # rows of a small frame sent whole to every task instead of shuffled
+WRITERS = 4  # small tables written at once
 
 
 @dataclass
@@ -316,33 +318,67 @@ def reconcile_all(
         one_file=False,
     )
     reports = staged(rc.work_reports(events, status), "reports")
-    # Only entries worked under several attempts can overlap: their reports, not all of them.
-    reattempted = staged(rc.reattempted(facts), "reattempted")
-    overlaps = table(
-        duplicates.overlapping_attempts(reports, reattempted),
-        "overlapping_attempts",
-    )
-    several = staged(duplicates.completed_by_several(reports), "several")
-    reclaims = table(timelines.reclaims(events), "reclaims", one_file=False)
-    gaps = staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps")
+    # The rest are small jobs, most of whose time is latency (planning, scheduling, file
+    # commits): written a few at a time. Each waits only for frames submitted before it, so the
+    # pool cannot stall on its own queue.
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="audit-write") as pool:
+
+        def soon(write_it: Callable[[], DataFrame]) -> Future[DataFrame]:
+            return pool.submit(write_it)
+
+        # Only entries worked under several attempts can overlap: their reports, not all.
+        reattempted = soon(lambda: staged(rc.reattempted(facts), "reattempted"))
+        several = soon(lambda: staged(duplicates.completed_by_several(reports), "several"))
+        reclaims = soon(lambda: table(timelines.reclaims(events), "reclaims", one_file=False))
+        gaps = soon(lambda: staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps"))
+        lost = soon(lambda: table(rc.lost(status), "lost"))
+        rate = soon(lambda: table(rc.dead_letter_rate(status), "dead_letter_rate"))
+        bucket_ms = timelines.choose_bucket_ms(span_ms)
+        over_time = soon(
+            lambda: table(
+                timelines.pending_over_time(status, bucket_ms=bucket_ms), "pending_over_time"
+            )
+        )
+        sightings = soon(lambda: table(timelines.detector_sightings(events), "detector_sightings"))
+        overlaps = soon(
+            lambda: table(
+                duplicates.overlapping_attempts(reports, reattempted.result()),
+                "overlapping_attempts",
+            )
+        )
+        found_twice = soon(
+            lambda: table(
+                duplicates.duplicates(reports, overlaps.result(), several.result()),
+                "duplicates",
+            )
+        )
+        histogram = soon(
+            lambda: table(
+                timelines.latency_histogram(reclaims.result(), LATENCY_BINS),
+                "reclaim_latency_histogram",
+            )
+        )
+        availability = soon(
+            lambda: table(timelines.availability(gaps.result(), down_ms=down_ms), "availability")
+        )
+        down_periods = soon(
+            lambda: table(
+                timelines.down_periods(gaps.result(), down_ms=down_ms), "agent_down_periods"
+            )
+        )
     return Findings(
         status=status,
-        lost=table(rc.lost(status), "lost"),
-        duplicates=table(duplicates.duplicates(reports, overlaps, several), "duplicates"),
-        overlaps=overlaps,
-        reclaims=reclaims,
-        latency=timelines.reclaim_latency(reclaims),
-        histogram=table(
-            timelines.latency_histogram(reclaims, LATENCY_BINS), "reclaim_latency_histogram"
-        ),
-        availability=table(timelines.availability(gaps, down_ms=down_ms), "availability"),
-        down_periods=table(timelines.down_periods(gaps, down_ms=down_ms), "agent_down_periods"),
-        dead_letter_rate=table(rc.dead_letter_rate(status), "dead_letter_rate"),
+        lost=lost.result(),
+        duplicates=found_twice.result(),
+        overlaps=overlaps.result(),
+        reclaims=reclaims.result(),
+        latency=timelines.reclaim_latency(reclaims.result()),
+        histogram=histogram.result(),
+        availability=availability.result(),
+        down_periods=down_periods.result(),
+        dead_letter_rate=rate.result(),
         dead_letters=dead,
-        pending_over_time=table(
-            timelines.pending_over_time(status, bucket_ms=timelines.choose_bucket_ms(span_ms)),
-            "pending_over_time",
-        ),
-        sightings=table(timelines.detector_sightings(events), "detector_sightings"),
+        pending_over_time=over_time.result(),
+        sightings=sightings.result(),
         reports=reports,
     )
