@@ -392,13 +392,7 @@ def entry_status(
 
 def _entry_columns(judged: DataFrame) -> DataFrame:
     return judged.select(
-        *ENTRY,
-        "issue_id",
-        "agent_id",
-        "dispatched_at",
-        "dispatch_event_id",
-        "origin",
-        "requeued_from",
+        *DISPATCH_COLUMNS,
         "status",
         "completed_at",
         F.when(F.col("completed_at").isNotNull(), F.col("completed_by")).alias("completed_by"),
