@@ -20,6 +20,7 @@ from pyspark.sql import DataFrame, SparkSession  # noqa: E402
 from rig_conductor.audit import (  # noqa: E402
     duplicates,
     sources,
+    tallies,
     timelines,
 )
 from rig_conductor.audit import main as audit_main  # noqa: E402
@@ -247,13 +248,13 @@ def world(spark: SparkSession, request: pytest.FixtureRequest) -> StatusWorld:
         rc.unmatched_requeues(events),
         broadcast_matches=request.param,
     ).cache()
-    totals = rc.totals(status).first()
+    totals = tallies.totals(status).first()
     assert totals is not None
     return StatusWorld(
         by_entry={(r["stream"], r["entry_id"]): r for r in status.collect()},
-        lost=rc.lost(status).collect(),
+        lost=tallies.lost(status).collect(),
         totals=totals,
-        rates=rc.dead_letter_rate(status).collect(),
+        rates=tallies.dead_letter_rate(status).collect(),
     )
 
 

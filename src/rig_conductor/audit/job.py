@@ -286,7 +286,7 @@ def reconcile_all(
     scan, not the whole lineage: planning a lineage this size again for each table and count
     cost more than the work on a small log) and nothing is cached in executor memory.
     """
-    from rig_conductor.audit import duplicates, timelines
+    from rig_conductor.audit import duplicates, tallies, timelines
     from rig_conductor.audit import reconcile as rc
 
     pending = spark.createDataFrame(snapshot.pending, rc.PENDING_SCHEMA, verifySchema=False)
@@ -331,8 +331,8 @@ def reconcile_all(
         several = soon(lambda: staged(duplicates.completed_by_several(reports), "several"))
         reclaims = soon(lambda: table(timelines.reclaims(events), "reclaims", one_file=False))
         gaps = soon(lambda: staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps"))
-        lost = soon(lambda: table(rc.lost(status), "lost"))
-        rate = soon(lambda: table(rc.dead_letter_rate(status), "dead_letter_rate"))
+        lost = soon(lambda: table(tallies.lost(status), "lost"))
+        rate = soon(lambda: table(tallies.dead_letter_rate(status), "dead_letter_rate"))
         bucket_ms = timelines.choose_bucket_ms(span_ms)
         over_time = soon(
             lambda: table(

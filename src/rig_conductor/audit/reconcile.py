@@ -1,8 +1,8 @@
 """The audit's rules as pure DataFrame transforms: event log and Redis snapshot in, findings out.
 
 No I/O and no clock: frames come in (rows of `events`, the pending entries and dead letters that
-Redis held when it was read) and lazy frames go out. `main` reads the sources, passes the instant
-the window ends and the thresholds, caches what it reuses and writes the results. Every function
+Redis held when it was read) and lazy frames go out. The job reads the sources, passes the instant
+the window ends and the thresholds, and writes the results (`job`). Every function
 here runs on small hand-built frames in the unit tests.
 
 An entry is `(stream, entry_id)`. Each dispatched entry ends in exactly one status, checked in
@@ -456,71 +456,4 @@ def _with_requeued_letters(judged: DataFrame, matched: DataFrame) -> DataFrame:
         )
         .withColumn("finished_at", F.coalesce("finished_at", "inferred_dead_at"))
         .drop("inferred_dead_at")
-    )
-
-
-def lost(status: DataFrame) -> DataFrame:
-    """Dispatched, never completed, not dead-lettered and no longer pending."""
-    return (
-        status.where(F.col("status") == LOST)
-        .select(
-            *ENTRY,
-            "issue_id",
-            "agent_id",
-            "dispatched_at",
-            "origin",
-            "reports",
-            "attempts",
-            "last_report_kind",
-            "last_report_by",
-            "last_report_at",
-        )
-        .orderBy(*entry_order())
-    )
-
-
-def _count(status: str) -> Column:
-    return F.count_if(F.col("status") == status)
-
-
-def dead_letter_rate(status: DataFrame) -> DataFrame:
-    """Per stream: dispatched, completed, dead_lettered, pending, lost, dead_letter_rate."""
-    return (
-        status.groupBy("stream")
-        .agg(
-            F.count(F.lit(1)).alias("dispatched"),
-            _count(COMPLETED).alias("completed"),
-            _count(DEAD).alias("dead_lettered"),
-            _count(PENDING).alias("pending"),
-            _count(LOST).alias("lost"),
-        )
-        .withColumn(
-            "dead_letter_rate",
-            F.try_divide(F.col("dead_lettered").cast("double"), F.col("dispatched")),
-        )
-        .orderBy("stream")
-    )
-
-
-def totals(status: DataFrame) -> DataFrame:
-    """One row of counts over distinct dispatched entries (the statuses partition them)."""
-    in_pel = F.array_contains(F.col("pending_states"), IN_PEL)
-    return status.agg(
-        F.count(F.lit(1)).alias("dispatched"),
-        F.count_if(F.col("origin") == "requeued").alias("requeued"),
-        _count(COMPLETED).alias("completed"),
-        _count(DEAD).alias("dead_lettered"),
-        _count(PENDING).alias("pending"),
-        _count(LOST).alias("lost"),
-        F.count_if((F.col("status") == PENDING) & in_pel).alias("pending_in_pel"),
-        F.count_if((F.col("status") == PENDING) & ~in_pel).alias("pending_undelivered"),
-        F.count_if(
-            (F.col("status") == DEAD) & F.array_contains("dead_letter_sources", "event-log")
-        ).alias("dead_lettered_logged"),
-        F.count_if(
-            (F.col("status") == DEAD) & ~F.array_contains("dead_letter_sources", "event-log")
-        ).alias("dead_lettered_outside_log"),
-        F.count_if((F.col("status") == COMPLETED) & F.col("pending_states").isNotNull()).alias(
-            "completed_still_pending"
-        ),
     )

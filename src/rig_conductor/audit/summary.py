@@ -147,9 +147,9 @@ def summarize(
 
 
 def _totals(status: DataFrame) -> DataFrame:
-    from rig_conductor.audit import reconcile
+    from rig_conductor.audit import tallies
 
-    return reconcile.totals(status)
+    return tallies.totals(status)
 
 
 def _one(frame: DataFrame) -> Row:
