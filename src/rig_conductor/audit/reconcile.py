@@ -1,9 +1,9 @@
 """The audit's rules as pure DataFrame transforms: event log and Redis snapshot in, findings out.
 
 No I/O and no clock: frames come in (rows of `events`, the pending entries and dead letters that
-Redis held when it was read) and lazy frames go out. The job reads the sources, passes the instant
-the window ends and the thresholds, and writes the results (`job`). Every function
-here runs on small hand-built frames in the unit tests.
+Redis held when it was read) and lazy frames go out. `job` reads the sources, passes the instant
+the window ends and the thresholds, and writes the results. Every function here runs on small
+hand-built frames in the unit tests.
 
 An entry is `(stream, entry_id)`. Each dispatched entry ends in exactly one status, checked in
 this order: completed (an accepted, non-fenced WORK_COMPLETED), dead-lettered (a DEAD_LETTERED
