@@ -7,7 +7,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -322,46 +322,48 @@ def reconcile_all(
     # commits): written a few at a time. Each waits only for frames submitted before it, so the
     # pool cannot stall on its own queue.
     with ThreadPoolExecutor(WRITERS, thread_name_prefix="audit-write") as pool:
-
-        def soon(write_it: Callable[[], DataFrame]) -> Future[DataFrame]:
-            return pool.submit(write_it)
-
         # Only entries worked under several attempts can overlap: their reports, not all.
-        reattempted = soon(lambda: staged(rc.reattempted(facts), "reattempted"))
-        several = soon(lambda: staged(duplicates.completed_by_several(reports), "several"))
-        reclaims = soon(lambda: table(timelines.reclaims(events), "reclaims", one_file=False))
-        gaps = soon(lambda: staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps"))
-        lost = soon(lambda: table(tallies.lost(status), "lost"))
-        rate = soon(lambda: table(tallies.dead_letter_rate(status), "dead_letter_rate"))
+        reattempted = pool.submit(lambda: staged(rc.reattempted(facts), "reattempted"))
+        several = pool.submit(lambda: staged(duplicates.completed_by_several(reports), "several"))
+        reclaims = pool.submit(
+            lambda: table(timelines.reclaims(events), "reclaims", one_file=False)
+        )
+        gaps = pool.submit(
+            lambda: staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps")
+        )
+        lost = pool.submit(lambda: table(tallies.lost(status), "lost"))
+        rate = pool.submit(lambda: table(tallies.dead_letter_rate(status), "dead_letter_rate"))
         bucket_ms = timelines.choose_bucket_ms(span_ms)
-        over_time = soon(
+        over_time = pool.submit(
             lambda: table(
                 timelines.pending_over_time(status, bucket_ms=bucket_ms), "pending_over_time"
             )
         )
-        sightings = soon(lambda: table(timelines.detector_sightings(events), "detector_sightings"))
-        overlaps = soon(
+        sightings = pool.submit(
+            lambda: table(timelines.detector_sightings(events), "detector_sightings")
+        )
+        overlaps = pool.submit(
             lambda: table(
                 duplicates.overlapping_attempts(reports, reattempted.result()),
                 "overlapping_attempts",
             )
         )
-        found_twice = soon(
+        found_twice = pool.submit(
             lambda: table(
                 duplicates.duplicates(reports, overlaps.result(), several.result()),
                 "duplicates",
             )
         )
-        histogram = soon(
+        histogram = pool.submit(
             lambda: table(
                 timelines.latency_histogram(reclaims.result(), LATENCY_BINS),
                 "reclaim_latency_histogram",
             )
         )
-        availability = soon(
+        availability = pool.submit(
             lambda: table(timelines.availability(gaps.result(), down_ms=down_ms), "availability")
         )
-        down_periods = soon(
+        down_periods = pool.submit(
             lambda: table(
                 timelines.down_periods(gaps.result(), down_ms=down_ms), "agent_down_periods"
             )

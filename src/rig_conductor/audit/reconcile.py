@@ -247,31 +247,31 @@ def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
     `worker` is the reporting consumer, else its agent. Columns: id, occurred_at, kind, stream,
     entry_id, issue_id, worker, consumer, agent_id, attempt, fenced.
     """
-    issues = dispatched_entries.select(*ENTRY, F.col("issue_id").alias("dispatched_issue"))
     reports = events.where(
         F.col("kind").isin(*WORK_KINDS)
         & F.col("stream").isNotNull()
         & F.col("entry_id").isNotNull()
     )
-    columns: list[Column | str] = [
+    # Agents name the issue in nearly every report: only the rest are joined with the
+    # dispatches (the join that shuffled every report before).
+    named = reports.where(F.col("issue_id").isNotNull())
+    unnamed = (
+        reports.where(F.col("issue_id").isNull())
+        .drop("issue_id")
+        .join(dispatched_entries.select(*ENTRY, "issue_id"), ENTRY, "left")
+    )
+    return named.unionByName(unnamed).select(
         "id",
         "occurred_at",
         "kind",
         *ENTRY,
-        F.coalesce("issue_id", "dispatched_issue").alias("issue_id"),
+        "issue_id",
         F.coalesce("consumer", "agent_id").alias("worker"),
         "consumer",
         "agent_id",
         "attempt",
         "fenced",
-    ]
-    # Agents name the issue in nearly every report: only the rest are joined with the
-    # dispatches (the join that shuffled every report before).
-    named = reports.where(F.col("issue_id").isNotNull()).withColumn(
-        "dispatched_issue", F.lit(None).cast(StringType())
     )
-    unnamed = reports.where(F.col("issue_id").isNull()).join(issues, ENTRY, "left")
-    return named.select(*columns).unionByName(unnamed.select(*columns))
 
 
 def completions(reports: DataFrame) -> DataFrame:
