@@ -203,6 +203,7 @@ async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
     from rig_conductor.adapters.postgres import engine as pg
     from rig_conductor.reaper import cycle
 
+    gcpolicy.loaded()
     redis = redis_client.connect(settings)
     engine = pg.create_engine(settings.sqlalchemy_url, pool_size=2)
     topology = redis_client.Topology(redis, settings)

@@ -1,10 +1,11 @@
-"""The scan's group sweep (pages read, planned by the policy a chunk at a time with two chunks in
-flight, claimed) ends where the policy's plan of the whole lists at once does, on random pending
-lists, on every Redis at hand."""
+"""The scan's group sweep (pages read, planned by the policy a chunk at a time with several chunks
+in flight, claimed) ends where the policy's plan of the whole lists at once does, on random
+pending lists, on every Redis at hand."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -86,13 +87,22 @@ async def test_sweep_matches_the_plan_of_whole_lists(
         )
         expected = reclaim.plan_reclaims(assessment, entries)
         moved: dict[str, str] = {}
+        collecting: set[bool] = set()  # whether the cycle collector ran during the moves
+
+        def heard(
+            owner: ConsumerName,
+            target: ConsumerName,
+            ids: list[EntryId],
+            moved: dict[str, str] = moved,
+            collecting: set[bool] = collecting,
+        ) -> None:
+            moved.update(dict.fromkeys(ids, target))
+            collecting.add(gc.isenabled())
+
         swept = await moves.sweep_group(
-            any_redis,
-            assessment,
-            dry_run=False,
-            page_size=7,
-            on_moved=lambda _, target, ids, heard=moved: heard.update(dict.fromkeys(ids, target)),
+            any_redis, assessment, dry_run=False, page_size=7, on_moved=heard
         )
+        assert collecting == {False} and gc.isenabled()  # paused for the sweep only (gcpolicy)
         assert swept.reclaimed == len(moved)
         assert sorted(moved) == sorted(m.entry.id for m in expected.moves), f"round {round_}"
         worn = sorted(e.id for e in swept.worn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import subprocess
 import sys
@@ -66,3 +67,31 @@ async def test_serve_applies_it_once_the_server_has_started(
     finally:
         server.should_exit = True
         await serving
+
+
+def test_a_pause_holds_until_the_last_of_overlapping_pauses_ends() -> None:
+    assert gc.isenabled()
+    first, second = gcpolicy.paused(), gcpolicy.paused()
+    first.__enter__()
+    assert not gc.isenabled()
+    second.__enter__()
+    first.__exit__(None, None, None)  # sweeps of two groups end out of order
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
+
+
+def test_a_pause_leaves_a_collector_switched_off_elsewhere_off() -> None:
+    gc.disable()
+    try:
+        with gcpolicy.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_pause_ends_when_its_block_raises() -> None:
+    with pytest.raises(RuntimeError), gcpolicy.paused():
+        raise RuntimeError("the sweep failed")
+    assert gc.isenabled()

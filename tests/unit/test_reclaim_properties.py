@@ -221,3 +221,39 @@ def test_an_absent_pod_never_downs_a_consumer_that_heartbeats_by_name(scene: Sce
         own = evidence.consumer_heartbeats.get(info.name)
         if evidence.pod(info.name) is PodState.ABSENT and fleet.fresh(own):
             assert not fleet.pod_gone(info.name)
+
+
+entry_st = st.builds(
+    PendingEntry,
+    st.integers(0, 10**6).map(lambda n: EntryId(f"{n}-0")),
+    st.just(ConsumerName("a-0")),
+    st.integers(0, 20_000),
+    st.integers(1, 8),
+)
+
+
+@given(
+    entries=st.lists(entry_st, max_size=40),
+    min_idle=st.integers(0, 20_000),
+    max_deliveries=st.integers(1, 8),
+)
+def test_a_rule_without_evidence_sorts_as_one_with_evidence_on_other_entries(
+    entries: list[PendingEntry], min_idle: int, max_deliveries: int
+) -> None:
+    """A down owner's pages take the comprehension path of `sort`; evidence about entries not
+    on the page (a worn count, a due or kept id) sends the same page down the per-entry loop.
+    Both decide alike, in the page's order."""
+    plain = reclaim.OwnerRule(ConsumerName("a-0"), AgentId("a"), "down", min_idle, max_deliveries)
+    elsewhere = frozenset({EntryId("x-0")})
+    for evidenced in (
+        reclaim.OwnerRule(
+            ConsumerName("a-0"), AgentId("a"), "down", min_idle, max_deliveries,
+            worn={EntryId("x-0"): max_deliveries},
+        ),
+        reclaim.OwnerRule(
+            ConsumerName("a-0"), AgentId("a"), "stalled", min_idle, max_deliveries,
+            keep=elsewhere, due=elsewhere,
+        ),
+    ):  # fmt: skip
+        assert plain.sort(entries) == evidenced.sort(entries)
+        assert plain.sort(iter(entries)) == evidenced.sort(entries)

@@ -61,7 +61,7 @@ async def read_pages(
             logger.info("Pending list of %s in %s/%s skipped: %s", owner, stream, group, reply)
             continue
         # A row is [id, consumer, idle ms, deliveries]: PendingEntry's own order.
-        entries = [PendingEntry._make(row) for row in reply]
+        entries = list(map(PendingEntry._make, reply))
         last = entries[-1].id if len(entries) == count else None
         read[owner] = Page(entries, None if last is None else "(" + last)
     return read

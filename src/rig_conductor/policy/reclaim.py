@@ -8,13 +8,15 @@ Pure: stdlib and domain only. Three parts:
 3. `Spread` water-fills the entries to move across the targets by their pending counts,
    counting what the scan already gave each (rule 5): spread, do not pile.
 
-`plan_reclaims` applies all three to pending entries and cuts the moves into claims: the
-reaper calls it on each page of the owners' pending lists it reads, with one `Spread` for the
-whole scan of the group, and the tests call it on whole lists.
+`plan_pages` applies all three to pending entries, owner by owner, and cuts the moves into
+claims: the reaper calls it on the pages of the owners' pending lists it reads, with one
+`Spread` for the whole scan of the group. `plan_reclaims` does the same for entries of any
+owners in any order (the tests' whole lists).
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -76,6 +78,8 @@ class OwnerRule:
         over a page, as the scan reads them."""
         due, keep, worn = self.due, self.keep, self.worn
         min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
+        if not (due or keep or worn):
+            return self._sort_by_count(entries)
         move: list[PendingEntry] = []
         dead: list[PendingEntry] = []
         for entry in entries:
@@ -86,6 +90,21 @@ class OwnerRule:
                 dead.append(entry._replace(deliveries=count))
             else:
                 move.append(entry)
+        return move, dead
+
+    def _sort_by_count(
+        self, entries: Iterable[PendingEntry]
+    ) -> tuple[list[PendingEntry], list[PendingEntry]]:
+        """`sort` for an owner without per-entry evidence (a down owner): its idle time and
+        delivery count decide. Two passes in comprehensions, not a loop: a page of a thousand
+        entries is sorted for every thousand a scan moves."""
+        page = entries if isinstance(entries, Sequence) else list(entries)
+        min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
+        dead = [e for e in page if e.deliveries >= max_deliveries and e.idle_ms >= min_idle]
+        if dead:
+            move = [e for e in page if e.deliveries < max_deliveries and e.idle_ms >= min_idle]
+        else:
+            move = [e for e in page if e.idle_ms >= min_idle]
         return move, dead
 
     @property
@@ -324,6 +343,9 @@ class Move(NamedTuple):
     reason: Reason
 
 
+_IDLE_MS = operator.attrgetter("idle_ms")
+
+
 class Claim(NamedTuple):
     """A stretch of one owner's entries for one target: one guarded XCLAIM. The guard is the
     least idle time seen among them, so an entry touched since it was read stays put."""
@@ -334,7 +356,8 @@ class Claim(NamedTuple):
 
     @property
     def min_idle_ms(self) -> int:
-        return min(entry.idle_ms for entry in self.entries)
+        least: int = min(map(_IDLE_MS, self.entries))
+        return least
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,23 +392,36 @@ def plan_reclaims(
     *,
     spread: Spread | None = None,
 ) -> ReclaimPlan:
-    """Apply the group's owner rules to `entries` and spread what moves over the targets, one
-    lot per pool of targets, owners in rule order; the moves come as claims.
-
-    `spread`: the group's spread so far in this scan (what earlier pages already gave each
-    target counts); a fresh one when None. Entries of owners without a rule are left alone.
-    """
-    rules = assessment.rules
-    by_owner: dict[ConsumerName, list[PendingEntry]] = {owner: [] for owner in rules}
+    """`plan_pages` for `entries` of any owners, in any order."""
+    by_owner: dict[ConsumerName, list[PendingEntry]] = {owner: [] for owner in assessment.rules}
     for entry in entries:
         found = by_owner.get(entry.consumer)
         if found is not None:
             found.append(entry)
+    return plan_pages(assessment, by_owner, spread=spread)
+
+
+def plan_pages(
+    assessment: GroupAssessment,
+    pages: Mapping[ConsumerName, Sequence[PendingEntry]],
+    *,
+    spread: Spread | None = None,
+) -> ReclaimPlan:
+    """Apply the group's owner rules to each owner's entries in `pages` and spread what moves
+    over the targets, one lot per pool of targets, owners in rule order; the moves come as
+    claims.
+
+    `spread`: the group's spread so far in this scan (what earlier pages already gave each
+    target counts); a fresh one when None. Owners without a rule are left alone.
+    """
     spread = spread if spread is not None else assessment.spread()
     dead: list[PendingEntry] = []
     pools: dict[PoolKey, list[tuple[ConsumerName, list[PendingEntry]]]] = {}
-    for owner, rule in rules.items():
-        movable, worn = rule.sort(by_owner[owner])
+    for owner, rule in assessment.rules.items():
+        page = pages.get(owner)
+        if not page:
+            continue
+        movable, worn = rule.sort(page)
         dead.extend(worn)
         if movable:
             pools.setdefault(spread.pool_key(rule), []).append((owner, movable))

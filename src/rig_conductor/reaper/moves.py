@@ -1,13 +1,14 @@
 """The moves of one group: pages of the owners' pending lists read, planned by the policy and
-claimed, with two pieces of work in flight at once.
+claimed, with several pieces of work in flight at once.
 
 The acting owners are cut into chunks of about `CHUNK` entries a page. A chunk is one round trip
 that reads the next page of each of its owners (`redis_sweep.read_pages`), the policy's plan for
-those entries (`reclaim.plan_reclaims`, with the group's one `Spread`, so what earlier chunks
-gave each target counts), and one round trip of guarded XCLAIMs. As soon as a chunk's pages are
-read, the chunk of their next pages is queued, so `LANES` lanes keep Redis busy with one chunk
-while this process plans another. What moved goes to `on_moved` as it moves, so the caller
-logs and records it meanwhile. Decides nothing itself.
+those entries (`reclaim.plan_pages`, with the group's one `Spread`, so what earlier chunks gave
+each target counts), and one round trip of guarded XCLAIMs. As soon as a chunk's pages are read,
+the chunk of their next pages is queued, so `LANES` lanes keep Redis busy with one chunk while
+this process plans another. What moved goes to `on_moved` as it moves, so the caller logs and
+records it meanwhile. The cycle collector is paused for the sweep (`gcpolicy.paused`). Decides
+nothing itself.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from rig_conductor import gcpolicy
 from rig_conductor.adapters import redis_sweep
 from rig_conductor.adapters.redis_sweep import PageRequest
 from rig_conductor.domain import ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
 
-LANES = 2  # chunks in flight: Redis works on one while this process plans the other
+# Chunks in flight: Redis claims one while this process plans the next and the pages of a third
+# come in (with two, Redis idled while both were being planned).
+LANES = 3
 CHUNK = 16_000  # entries a chunk reads and claims at most: some 50 ms of Redis time
 MAX_PAGE = 10_000  # entries per owner and read, when few owners make a chunk
 
@@ -82,13 +86,14 @@ async def sweep_group(
     for start in range(0, len(owners), per_chunk):
         chunk = owners[start : start + per_chunk]
         sweep.work.put_nowait({o: PageRequest(rules[o].read_idle_ms, "-") for o in chunk})
-    lanes = [asyncio.create_task(sweep.lane()) for _ in range(LANES)]
-    try:
-        await sweep.work.join()
-    finally:
-        for lane in lanes:
-            lane.cancel()
-        await asyncio.gather(*lanes, return_exceptions=True)
+    with gcpolicy.paused():  # a page's rows are freed by reference counting (`gcpolicy`)
+        lanes = [asyncio.create_task(sweep.lane()) for _ in range(LANES)]
+        try:
+            await sweep.work.join()
+        finally:
+            for lane in lanes:
+                lane.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
     if sweep.failures:
         raise sweep.failures[0]
     return sweep.result
@@ -140,8 +145,8 @@ class _Sweep:
         }
         if follow:
             self.work.put_nowait(follow)
-        entries = [entry for page in pages.values() for entry in page.entries]
-        plan = reclaim.plan_reclaims(self.assessment, entries, spread=self.spread)
+        entries = {owner: page.entries for owner, page in pages.items()}
+        plan = reclaim.plan_pages(self.assessment, entries, spread=self.spread)
         result = self.result
         result.worn.extend(plan.dead_letters)
         for entry in plan.no_target:
