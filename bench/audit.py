@@ -1,17 +1,8 @@
 """Audit benchmark: events audited per second by the audit job, warm, on local[2] and on a Spark
-standalone cluster of two one-core workers (started from the pyspark wheel), against a plain
-JDBC -> Parquet copy of the same rows in the same session as the baseline; and the driver's peak
-RSS (this process and its JVM: in local mode the executors live there too), all of it and its
-anonymous part (without the file pages of mapped shuffle files).
+standalone cluster, against a plain JDBC -> Parquet copy of the same rows; the driver's peak RSS.
 
     .venv/bin/python bench/audit.py                  # 1M and 5M events, both masters
     .venv/bin/python bench/audit.py --quick          # 200k events, local[2] only
-
-PostgreSQL: RIG_BENCH_DATABASE_URL (default postgresql+psycopg://postgres@127.0.0.1:5432/
-rig_bench_audit; created and migrated when missing). Each size is a tenant (`bench-<size>`),
-planted by tests/spark/planted.py with COPY once and kept (a planted log with known lost,
-duplicate, pending, reclaimed and dead-lettered entries: every run checks the findings).
-Redis: RIG_BENCH_REDIS_URL (default redis://127.0.0.1:6379/13) receives the pending entries.
 """
 
 from __future__ import annotations
@@ -23,30 +14,30 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psycopg
+import pyspark
 import redis
 from pyspark.sql import SparkSession
 
-from harness import BenchError, conninfo, ensure_database, goal
+import harness
+from harness import BenchError, conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.spark import planted as planter
 from tests.spark.cluster import SparkCluster
 
-from rig_conductor.adapters.postgres import migrations
 from rig_conductor.audit import job, session, sources
 from rig_conductor.settings import Settings
 
 DEFAULT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/rig_bench_audit"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/13"
 WARMUP_EVENTS = 50_000
+HEAD = "    master     events  audit s     ev/s  copy ev/s  ratio  driver RSS     anon"
 GENERATOR = "planted-v1"  # bump when tests/spark/planted.py changes: stored logs are rebuilt
 
 
@@ -59,11 +50,8 @@ def dataset(url: str, events: int) -> planter.Planted:
             "CREATE TABLE IF NOT EXISTS bench_audit_datasets (tenant text PRIMARY KEY, "
             "generator text NOT NULL)"
         )
-        found = conn.execute(
-            "SELECT 1 FROM bench_audit_datasets WHERE tenant = %s AND generator = %s",
-            (tenant, GENERATOR),
-        ).fetchone()
-        if found:
+        stored = "SELECT 1 FROM bench_audit_datasets WHERE tenant = %s AND generator = %s"
+        if conn.execute(stored, (tenant, GENERATOR)).fetchone():
             return planter.describe(tenant, entries, per_role)
         started = time.perf_counter()
         log = planter.plant(conninfo(url), tenant, entries, per_role)
@@ -76,55 +64,25 @@ def dataset(url: str, events: int) -> planter.Planted:
         return log
 
 
-def tree_rss_mb(root: int, skip: frozenset[int] = frozenset()) -> tuple[float, float]:
-    """Resident memory of `root` and its descendants (the driver's JVM), from /proc: all of it,
-    and the anonymous part (heap and native allocations; the rest is file pages, such as the
-    shuffle files the JVM maps). Not of the processes in `skip` and theirs (the standalone
-    cluster's master and workers)."""
+def tree_rss_mb(root: int, skip: frozenset[int]) -> tuple[float, float]:
+    """Resident memory of `root` and its descendants (the driver's JVM) but `skip` and theirs
+    (the standalone cluster): all of it, and the anonymous part (heap and native allocations;
+    the rest is file pages, such as the shuffle files the JVM maps)."""
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError):  # gone meanwhile
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
     todo, total, anon = [root], 0.0, 0.0
     while todo:
         pid = todo.pop()
         if pid in skip:
             continue
-        try:
-            status = Path(f"/proc/{pid}/status").read_text().splitlines()
-        except OSError:
-            continue
-        kb = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Rss")}
+        kb = harness.proc_kb(pid)
         total += kb.get("RssAnon", 0) + kb.get("RssFile", 0) + kb.get("RssShmem", 0)
         anon += kb.get("RssAnon", 0)
         todo += children.get(pid, [])
     return total / 1024, anon / 1024
-
-
-@contextmanager
-def peak_rss(skip: frozenset[int]) -> Iterator[list[float]]:
-    """The peaks of `tree_rss_mb(this process)` (all, anonymous) while the block runs, sampled
-    every 100 ms."""
-    peak, done = [0.0, 0.0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            total, anon = tree_rss_mb(os.getpid(), skip)
-            peak[0], peak[1] = max(peak[0], total), max(peak[1], anon)
-            done.wait(0.1)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        yield peak
-    finally:
-        done.set()
-        sampler.join()
 
 
 @dataclass
@@ -139,29 +97,20 @@ class Result:
 
 
 def audit(
-    spark: SparkSession,
-    url: str,
-    redis_url: str,
-    log: planter.Planted,
-    out: Path,
-    skip: frozenset[int] = frozenset(),
-) -> Result:
-    """One audit of `log` in the running session, checked against what was planted."""
-    settings = Settings(database_url=url, redis_url=redis_url, tenant=log.tenant)
+    spark: SparkSession, args: argparse.Namespace, log: planter.Planted, out: Path,
+    skip: frozenset[int],
+) -> Result:  # fmt: skip
+    """One audit of `log` in the running session, checked against what was planted; the peak
+    RSS of this process and its descendants but `skip`, sampled every 100 ms."""
+    settings = Settings(database_url=args.url, redis_url=args.redis_url, tenant=log.tenant)
     options = session.AuditOptions(output=out, until=log.until)
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
     planter.plant_redis(client, log)
     client.close()
-    timings: dict[str, int] = {}
-    with peak_rss(skip) as peak:
+    source, timings = sources.jdbc_source(settings.sqlalchemy_url), dict[str, int]()
+    with harness.peaks(lambda: tree_rss_mb(os.getpid(), skip), every=0.1) as peak:
         started = time.perf_counter()
-        summary = job.run(
-            spark,
-            settings=settings,
-            options=options,
-            source=sources.jdbc_source(settings.sqlalchemy_url),
-            timings=timings,
-        )
+        summary = job.run(spark, settings=settings, options=options, source=source, timings=timings)
         seconds = time.perf_counter() - started
     found = {k: summary[k] for k in ("dispatched", "completed", "deadLettered", "pending")}
     found |= {"lost": summary["lostCount"], "duplicates": summary["duplicateCount"]}
@@ -189,33 +138,36 @@ def copy(spark: SparkSession, url: str, log: planter.Planted, out: Path, partiti
     return time.perf_counter() - started
 
 
-def run_master(name: str, master: str, args: argparse.Namespace, logs: list[planter.Planted],
-               url: str, redis_url: str, root: Path, skip: frozenset[int],
-               ) -> list[Result]:  # fmt: skip
-    """Every log audited in one session on `master`, a warm-up first (not reported)."""
-    conf = (("spark.driver.memory", args.driver_memory), ("spark.executor.memory", "1g"))
-    options = session.AuditOptions(output=root, master=master, conf=conf, jdbc_jar=args.jar)
-    started = time.perf_counter()
-    spark, _ = session.spark_session(options)
-    print(f"{name}: Spark started in {time.perf_counter() - started:.1f} s", flush=True)
-    results = []
-    try:
-        for n, log in enumerate(logs):
-            result = audit(spark, url, redis_url, log, root / log.tenant, skip)
+def run_master(name: str, args: argparse.Namespace) -> list[Result]:
+    """Every log audited in one session on `name` (standalone: a cluster started here), a
+    warm-up first (not reported), then each followed by its baseline copy."""
+    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch, ExitStack() as stack:
+        master, skip = name, frozenset[int]()
+        if name == "standalone":
+            cluster = SparkCluster(Path(scratch, "spark")).start()
+            stack.callback(cluster.stop)
+            master, skip = cluster.url, frozenset(p.pid for p in cluster.processes.values())
+        root = Path(scratch, name.strip("]").replace("[", "-"))
+        conf = (("spark.driver.memory", args.driver_memory), ("spark.executor.memory", "1g"))
+        options = session.AuditOptions(output=root, master=master, conf=conf, jdbc_jar=args.jar)
+        started = time.perf_counter()
+        spark, _ = session.spark_session(options)
+        stack.callback(spark.stop)
+        print(f"{name}: Spark started in {time.perf_counter() - started:.1f} s", flush=True)
+        results = []
+        for n, log in enumerate(args.logs):
+            result = audit(spark, args, log, root / log.tenant, skip)
             if n == 0:
                 print(f"{name}: warm-up, {result.events:,} events in {result.audit_s:.1f} s")
                 continue
-            partitions = sources.partitions_for(
-                result.events, parallelism=spark.sparkContext.defaultParallelism
-            )
-            result.copy_s = copy(spark, url, log, root / f"{log.tenant}-copy", partitions)
+            parallelism = spark.sparkContext.defaultParallelism
+            partitions = sources.partitions_for(result.events, parallelism=parallelism)
+            result.copy_s = copy(spark, args.url, log, root / f"{log.tenant}-copy", partitions)
             result.master = name
             results.append(result)
             print(f"{name}: {result.events:,} events audited in {result.audit_s:.1f} s "
                   f"{result.timings}, copy {result.copy_s:.1f} s", flush=True)  # fmt: skip
-    finally:
-        spark.stop()
-    return results
+        return results
 
 
 def main() -> int:
@@ -231,19 +183,17 @@ def main() -> int:
     args.jar = Path(os.environ.get(session.JDBC_JAR_ENV) or session.DEFAULT_JDBC_JAR)
     if not args.jar.is_file():
         raise BenchError(f"no JDBC driver at {args.jar} (set {session.JDBC_JAR_ENV})")
-    url = os.environ.get("RIG_BENCH_DATABASE_URL", DEFAULT_DATABASE)
-    redis_url = os.environ.get("RIG_BENCH_REDIS_URL", DEFAULT_REDIS)
-    ensure_database(url)
-    migrations.upgrade(url)
-    sizes = [WARMUP_EVENTS] + [int(s.replace("_", "")) for s in args.sizes.split(",")]
-    logs = [dataset(url, size) for size in sizes]
-    masters = args.masters.split(",")
-    if len(masters) > 1:
-        # One process per master: PySpark keeps its JVM for the life of the process, so a
-        # master run after another would inherit its heap (and its RSS) in the driver.
-        results = [r for name in masters for r in in_own_process(name, args)]
-    else:
-        results = run_here(masters[0], args, logs, url, redis_url)
+    with harness.servers(DEFAULT_REDIS, DEFAULT_DATABASE) as found:
+        args.url, args.redis_url = found.database_url, found.redis_url
+        sizes = [WARMUP_EVENTS] + [int(s.replace("_", "")) for s in args.sizes.split(",")]
+        args.logs = [dataset(args.url, size) for size in sizes]
+        masters = args.masters.split(",")
+        if len(masters) > 1:
+            # One process per master: PySpark keeps its JVM for the life of the process, so a
+            # master run after another would inherit its heap (and its RSS) in the driver.
+            results = [r for name in masters for r in in_own_process(name, args)]
+        else:
+            results = run_master(masters[0], args)
     if args.results:
         Path(args.results).write_text(json.dumps([asdict(r) for r in results]))
     else:
@@ -261,33 +211,13 @@ def in_own_process(master: str, args: argparse.Namespace) -> list[Result]:
         return [Result(**r) for r in json.loads(Path(out.name).read_text())]
 
 
-def run_here(
-    name: str, args: argparse.Namespace, logs: list[planter.Planted], url: str, redis_url: str
-) -> list[Result]:
-    with tempfile.TemporaryDirectory(prefix="rig-bench-audit-") as scratch:
-        cluster = SparkCluster(Path(scratch, "spark")).start() if name == "standalone" else None
-        try:
-            master = cluster.url if cluster else name
-            skip = frozenset(p.pid for p in cluster.processes.values()) if cluster else None
-            root = Path(scratch, name.strip("]").replace("[", "-"))
-            return run_master(name, master, args, logs, url, redis_url, root, skip or frozenset())
-        finally:
-            if cluster is not None:
-                cluster.stop()
-
-
 def report(results: list[Result], memory: str) -> None:
-    import pyspark
-
     print(
         f"\nPySpark {pyspark.__version__}, Python {platform.python_version()}, "
         f"{os.cpu_count()} cores (shared: timings are noisy), driver memory {memory}; "
         "standalone = 2 workers of 1 core, executors 1g; warm: after a 50k-event run"
     )
-    head = (
-        f"{'master':>10} {'events':>10} {'audit s':>8} {'ev/s':>8} {'copy ev/s':>10} {'ratio':>6}"
-    )
-    print(f"{head} {'driver RSS':>11} {'anon':>8}\n{'-' * (len(head) + 21)}")
+    print(f"{HEAD}\n{'-' * len(HEAD)}")
     rates = {(r.master, r.events): r.events / r.audit_s for r in results}
     for r in results:
         rate, baseline = r.events / r.audit_s, r.events / r.copy_s
@@ -295,15 +225,11 @@ def report(results: list[Result], memory: str) -> None:
               f"{rate / baseline:>6.2f} {r.rss_mb:>8,.0f} MB {r.anon_mb:>5,.0f} MB")  # fmt: skip
     big = max((r.events for r in results), default=0)
     if ("local[2]", big) in rates:
-        goal(f"local[2] events/s at {big:,}", rates["local[2]", big], ">=", 100_000)
+        harness.goal(f"local[2] events/s at {big:,}", rates["local[2]", big], ">=", 100_000)
     if ("local[2]", big) in rates and ("standalone", big) in rates:
         ratio = rates["standalone", big] / rates["local[2]", big]
-        goal(f"standalone / local[2] at {big:,}", ratio, ">=", 0.8)
+        harness.goal(f"standalone / local[2] at {big:,}", ratio, ">=", 0.8)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(harness.run(main))

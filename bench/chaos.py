@@ -2,23 +2,6 @@
 test rather than a benchmark: it checks that no work is lost or done twice.
 
     .venv/bin/python bench/chaos.py [--quick] [--issues 1000] [--agents 6] [--seed N] [--keep]
-        (--help lists the rest: kill interval, conductor restarts, poison, hangs, rate, timeout)
-
-`rig-conductor serve` and N `rig-conductor agent` processes share one consumer group; issues
-are dispatched through `POST /api/events`. The handler (`handle`) stages one effect file per
-issue and attempt; poison issues always fail, degraded agents raise Degraded, the first attempt
-of every --hang-every-th issue hangs past the deadline. Every --kill-every seconds a random
-agent is SIGKILLed and replaced by a new consumer (a new pod); the conductor is restarted at
-evenly spaced points of the progress, by SIGKILL and SIGTERM in turn.
-
-Printed, one `name: value` a line: dispatched, completed, dead-lettered, lost, unfinished,
-double-committed effects, missing effects, fenced reports, reclaims, ... (see `report`). The run
-ends once every issue is settled (then up to 15 s for the pending list to empty), at --timeout
-or after 60 s without progress. Exit 1 on lost, doubled or missing work, a non-poison dead
-letter or unfinished issues.
-
-Servers: harness.servers(). Nothing is flushed: the run has its own stream `chaos:<run>` and
-tenant, and deletes its Redis keys at the end. Logs and effects are kept on failure or --keep.
 """
 
 from __future__ import annotations
@@ -53,6 +36,7 @@ STALL_TIMEOUT_S, DRAIN_TIMEOUT_S, PROGRESS_EVERY_S = 60.0, 15.0, 5.0
 ENTRY_DEADLINE_MS = "2000"
 RECLAIMED = re.compile(r"\[StreamReclaim\] Reclaimed \S+ on (\S+): ")
 DEAD_LETTERED = re.compile(r"\[StreamReclaim\] Dead-lettered \S+ on (\S+) after ")
+TALLIES = ("agent kills", "agent crashes", "conductor restarts", "dispatch retries")
 
 
 def handle(entry: Any) -> None:
@@ -87,8 +71,7 @@ class Child:
         return self.process.poll() is None
 
     async def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(sig)
+        self.process.send_signal(sig)  # nothing once it has exited
         try:
             return await asyncio.to_thread(self.process.wait, STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -137,7 +120,6 @@ class Soak:
         self.dispatched = asyncio.Event()
 
     # Processes.
-
     def spawn(self, name: str, command: list[str], **env: str) -> Child:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
         environment |= {"RIG_REDIS_URL": self.redis_url, "RIG_DISPATCH_STREAM": self.stream}
@@ -157,7 +139,7 @@ class Soak:
         return child
 
     async def start_conductor(self) -> None:
-        import httpx
+        import harness
 
         name = f"conductor-{len(self.conductors) + 1}"
         env = {"RIG_DATABASE_URL": self.database_url, "RIG_TENANT": self.tenant}
@@ -170,14 +152,10 @@ class Soak:
         env |= {"RIG_DEGRADED_GRACE_MS": "1000", "RIG_ENTRY_DEADLINE_MS": ENTRY_DEADLINE_MS}
         child = self.spawn(name, ["serve"], RIG_K8S_ENABLED="false", **env)
         self.conductors.append(child)
-        deadline = time.monotonic() + 60
-        async with httpx.AsyncClient(base_url=self.url, timeout=2) as client:
-            while time.monotonic() < deadline and child.alive():
-                with contextlib.suppress(httpx.TransportError):
-                    if (await client.get("/readyz")).status_code == 200:
-                        return
-                await asyncio.sleep(0.1)
-        raise RuntimeError(f"{name} not ready: {child.log.read_text()[-2000:]}")
+        try:
+            await asyncio.to_thread(harness.wait_ready, child.process, f"{self.url}/readyz")
+        except harness.BenchError as exc:
+            raise RuntimeError(f"{exc}: {child.log.read_text()[-2000:]}") from None
 
     def start_agent(self, agent_id: str, consumer: str, **env: str) -> Child:
         python_path = [p for p in (os.environ.get("PYTHONPATH"), BENCH_DIR) if p]  # for handle
@@ -185,17 +163,15 @@ class Soak:
         env |= {"RIG_CONDUCTOR_URL": self.url, "RIG_ENTRY_DEADLINE_MS": ENTRY_DEADLINE_MS}
         env |= {"RIG_HEARTBEAT_INTERVAL_S": "0.5", "RIG_SCAN_INTERVAL_S": "1"}
         command = ["agent", "--agent-id", agent_id, "--group", GROUP, "--stream", self.stream]
-        return self.spawn(
-            consumer, [*command, "--handler", "chaos:handle"], CONSUMER_ID=consumer, **env
-        )
+        command += ["--handler", "chaos:handle"]
+        return self.spawn(consumer, command, CONSUMER_ID=consumer, **env)
 
     def start_worker(self, slot: int) -> Child:
         """The agent of `slot`, as a new pod: a new consumer name."""
         self.incarnations[slot] += 1
-        agent_id, hang_every = self.agent_ids[slot], str(self.opts.hang_every)
-        return self.start_agent(
-            agent_id, f"{agent_id}-{self.incarnations[slot]}", CHAOS_HANG_EVERY=hang_every
-        )
+        agent_id = self.agent_ids[slot]
+        consumer = f"{agent_id}-{self.incarnations[slot]}"
+        return self.start_agent(agent_id, consumer, CHAOS_HANG_EVERY=str(self.opts.hang_every))
 
     async def stop_everything(self) -> None:
         agents = [c for c in self.children if c.alive() and c not in self.conductors]
@@ -203,7 +179,6 @@ class Soak:
         await asyncio.gather(*(c.stop() for c in self.conductors if c.alive()))
 
     # Chaos.
-
     async def kill_agents(self) -> None:
         while True:
             await asyncio.sleep(self.opts.kill_every)
@@ -238,7 +213,6 @@ class Soak:
                     self.slots[slot] = self.start_worker(slot)
 
     # Dispatch and observation.
-
     async def dispatch_all(self, api: Any) -> None:
         gate, started = asyncio.Semaphore(16), time.monotonic()
 
@@ -328,7 +302,6 @@ class Soak:
         return drain_until is not None
 
     # The run.
-
     async def run(self) -> int:
         import httpx
         import psycopg
@@ -381,8 +354,7 @@ class Soak:
         final = await self.snapshot(redis, db)
         per_issue = Counter(f.get("issueId", "") for _, f in await redis.xrange(self.stream))
         twice = sorted(issue for issue, n in per_issue.items() if n > 1)
-        where = "WHERE tenant = %s AND stream = %s"
-        args = (self.tenant, self.stream)
+        where, args = "WHERE tenant = %s AND stream = %s", (self.tenant, self.stream)
         rows = await db.execute(f"SELECT count(*) FROM events {where} AND fenced", args)
         fenced = await rows.fetchone()
         rows = await db.execute(
@@ -431,16 +403,13 @@ class Soak:
             f"reclaims by reason: {by_reason}",
             f"issues dispatched twice: {len(twice)}",
             f"orphaned staged files: {len(list(self.out.glob('.*.tmp')))}",
-            *(f"{name}: {self.tally[name]}" for name in ("agent kills", "agent crashes")),
-            *(f"{name}: {self.tally[name]}" for name in ("conductor restarts", "dispatch retries")),
+            *(f"{name}: {self.tally[name]}" for name in TALLIES),
             f"duration: {elapsed:.1f}s",
         ]
         for entry_id, (issue, holder, deliveries) in sorted(final.pending.items())[:10]:
             state = "done" if issue in final.done else "not done"
-            lines.append(
-                f"pending {entry_id}: issue {issue} ({state}), held by {holder} "
-                f"after {deliveries} deliveries"
-            )
+            held = f"held by {holder} after {deliveries} deliveries"
+            lines.append(f"pending {entry_id}: issue {issue} ({state}), {held}")
         problems = {"lost": lost, "double-committed": double, "missing effects": missing}
         problems |= {"non-poison dead-lettered": other_letters, "dispatched twice": set(twice)}
         problems |= {"not dispatched": set(self.issues) - dispatched}
@@ -470,18 +439,16 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, help="give up after this many seconds (600; 120)")
     parser.add_argument("--seed", type=int, help="random seed (kills, poison issues)")
     parser.add_argument("--keep", action="store_true", help="keep logs, effects and Redis keys")
-    opts = parser.parse_args()
-    defaults = {"issues": (1000, 100), "agents": (6, 3), "conductor_restarts": (2, 1)}
-    defaults |= {"poison": (5, 2), "hang_every": (50, 20), "rate": (25.0, 8.0)}
-    for name, (full, quick) in (defaults | {"timeout": (600.0, 120.0)}).items():
-        if getattr(opts, name) is None:
-            setattr(opts, name, quick if opts.quick else full)
+    import harness  # not at the top: the agent processes import this module for `handle`
+
+    opts = harness.options(
+        parser, issues=(1000, 100), agents=(6, 3), conductor_restarts=(2, 1), poison=(5, 2),
+        hang_every=(50, 20), rate=(25.0, 8.0), timeout=(600.0, 120.0),
+    )  # fmt: skip
     if opts.agents < 2 or opts.issues < 1 or opts.kill_every <= 0:
         parser.error("needs --agents >= 2, --issues >= 1, --kill-every > 0")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(message)s")
     logger.setLevel(logging.INFO)
-    import harness
-
     try:
         with harness.servers() as found:
             soak = Soak(opts, found.redis_url, found.database_url, harness.free_port())

@@ -1,13 +1,8 @@
 """The operator console at scale, as operators reach it: `rig-conductor serve` as a subprocess at
-INFO, its pages fetched over HTTP with a signed-in operator session.
+INFO, its pages timed by the server (`Server-Timing`) against a pending page cut from XPENDING.
 
     .venv/bin/python bench/console.py            # 1,000,000 entries / 1,000 consumers
     .venv/bin/python bench/console.py --quick    # 100,000 / 100, 1,000 dead letters
-
-Data set: harness.plant (half the consumers dead, holding half the entries), plus dead letters.
-Each page is fetched 20 times after a warm-up; the figure is the server's own time (its
-`Server-Timing` header), the client's beside it. Baseline, in the same run: a page of one
-consumer's pending entries cut from a whole-group XPENDING, which the pending page avoids.
 """
 
 from __future__ import annotations
@@ -42,11 +37,11 @@ async def plant_dead_letters(stores: Stores, count: int) -> None:
 
 async def naive_page_ms(stores: Stores, shape: Shape) -> float:
     """The baseline, median of 3: XPENDING of the whole group, then one consumer's first 100."""
-    times = []
+    times, owner = [], shape.dead[0][1]
     for _ in range(3):
         started = time.perf_counter()
         rows = await stores.redis.xpending_range(STREAM, GROUP, "-", "+", shape.entries)
-        _ = [row for row in rows if row["consumer"] == shape.dead[0][1]][:100]
+        _ = [row for row in rows if row["consumer"] == owner][:100]
         times.append((time.perf_counter() - started) * 1000)
     return harness.median(times)
 
@@ -67,46 +62,35 @@ async def fetch(client: httpx.AsyncClient, path: str, check: Callable[[str], boo
 
 
 async def main(shape: Shape, dead_letters: int) -> int:
-    async with harness.stores() as stores:
+    title = f"rig-conductor console at scale: {shape}, {dead_letters:,} dead letters"
+    async with harness.stores(title) as stores:
         await harness.plant(stores, shape, STREAM, 1_000)
         await plant_dead_letters(stores, dead_letters)
-        print(f"rig-conductor console at scale: {shape}, {dead_letters:,} dead letters")
-        print(await stores.describe())
         dead = shape.dead[0][1]
         half = await stores.redis.xpending_range(
             STREAM, GROUP, "-", "+", shape.per_consumer // 2, consumername=dead
         )
         naive = await naive_page_ms(stores, shape)
         print(f"  baseline: a pending page cut from a whole-group XPENDING: {naive:7.1f} ms")
-        query = f"stream={STREAM}&group={GROUP}&consumer={dead}"
+        group = f"/ui/group?stream={STREAM}&name={GROUP}"
+        pending = f"/ui/pending?stream={STREAM}&group={GROUP}&consumer={dead}"
+        deep = f"{pending}&after={half[-1]['message_id']}"
         pages: dict[str, tuple[str, Callable[[str], bool]]] = {
             "overview": ("/ui", lambda t: f"{shape.entries}" in t),
-            "group": (
-                f"/ui/group?stream={STREAM}&name={GROUP}",
-                lambda t: t.count("data-consumer=") == shape.consumers,
-            ),
-            "pending": (f"/ui/pending?{query}", lambda t: "Next page" in t),
-            "pending deep": (
-                f"/ui/pending?{query}&after={half[-1]['message_id']}",
-                lambda t: "Next page" in t or shape.per_consumer <= 200,
-            ),
+            "group": (group, lambda t: t.count("data-consumer=") == shape.consumers),
+            "pending": (pending, lambda t: "Next page" in t),
+            "pending deep": (deep, lambda t: "Next page" in t or shape.per_consumer <= 200),
             "dead letters": (f"/ui/deadletters?stream={STREAM}", lambda t: "rc-dlq-" in t),
             "agents": ("/ui/agents", lambda t: "Agents" in t),
         }
-        env = harness.conductor_env(
-            stores.servers,
-            streams=STREAM,
-            agent_ids=shape.agent_ids,
-            tenant=TENANT,
-            operator_tokens=TOKEN,
-        )
+        settings = {"streams": STREAM, "agent_ids": shape.agent_ids, "tenant": TENANT}
+        env = harness.conductor_env(stores.servers, operator_tokens=TOKEN, **settings)
         with harness.serve(env) as url:
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
                 form = await client.get("/ui/login")
                 csrf = re.search(r'name="csrf" value="([^"]+)"', form.text)
-                login = await client.post(
-                    "/ui/login", data={"token": TOKEN, "csrf": csrf.group(1) if csrf else ""}
-                )
+                form_data = {"token": TOKEN, "csrf": csrf.group(1) if csrf else ""}
+                login = await client.post("/ui/login", data=form_data)
                 if login.status_code != 303:
                     raise BenchError(f"sign-in answered {login.status_code}")
                 for name, (path, check) in pages.items():
@@ -125,7 +109,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="100,000 / 100, 1,000 dead letters")
     parser.add_argument("--shape", help="entries/consumers (1000000/1000)")
     parser.add_argument("--dead-letters", type=int, help="10,000")
-    args = parser.parse_args()
-    shape = Shape.parse(args.shape or ("100000/100" if args.quick else "1000000/1000"))
-    letters = args.dead_letters or (1_000 if args.quick else 10_000)
-    sys.exit(harness.run(main(shape, letters)))
+    args = harness.options(
+        parser, shape=("1000000/1000", "100000/100"), dead_letters=(10_000, 1_000)
+    )
+    sys.exit(harness.run(main(Shape.parse(args.shape), args.dead_letters)))

@@ -1,14 +1,15 @@
 """What the benchmarks share: the servers, data sets planted in them, `rig-conductor` run as
 users run it (a subprocess, its stderr read through a pipe) and the way results are printed.
-
-It measures nothing itself: each benchmark says what it times and against which baseline.
+It measures nothing itself.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -34,12 +35,8 @@ from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName
 
-BIN = Path(sys.executable).parent
-COMMAND = (
-    [str(BIN / "rig-conductor")]
-    if (BIN / "rig-conductor").exists()
-    else [sys.executable, "-m", "rig_conductor"]
-)
+CLI = Path(sys.executable).with_name("rig-conductor")
+COMMAND = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "rig_conductor"]
 GROUP = "g"
 TENANT = "default"
 RECLAIMED = "[StreamReclaim] Reclaimed"
@@ -51,6 +48,10 @@ LIVE_AGENTS += ("qa-e", "sec-e", "perf-e", "arch-e", "triage-e")
 _VARIANTS = ("codex", "dotnet", "py", "ja", "eu", "mobile", "scan", "load", "rfc", "bot")
 DEAD_AGENTS = tuple(f"{a}-{v}" for a, v in zip(LIVE_AGENTS, _VARIANTS, strict=True))
 
+_DATA_TABLES = (  # every table but alembic_version
+    "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = current_schema() "
+    "AND tablename <> 'alembic_version'"
+)
 # XREADGROUP run server-side: delivering a million entries does not ship them to the client.
 _DELIVER_LUA = """
 local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', ARGV[3],
@@ -64,18 +65,26 @@ class BenchError(RuntimeError):
     """A benchmark could not run, or a result failed its check: one line, exit 1."""
 
 
-def run(main: Coroutine[Any, Any, int]) -> int:
-    """asyncio.run(main); a BenchError is one line on stderr and exit 1."""
+def run(main: Coroutine[Any, Any, int] | Callable[[], int]) -> int:
+    """The exit code of `main` (a coroutine is run by asyncio.run, a function called); a
+    BenchError is one line on stderr and exit 1."""
     try:
-        return asyncio.run(main)
+        return asyncio.run(main) if isinstance(main, Coroutine) else main()
     except BenchError as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
 
 
+def options(parser: argparse.ArgumentParser, **defaults: tuple[Any, Any]) -> argparse.Namespace:
+    """The command line, each of `defaults` (name: (full run, --quick)) filled in if not given."""
+    args = parser.parse_args()
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    return args
+
+
 # Servers
-
-
 def conninfo(url: str, database: str | None = None) -> str:
     """The libpq form of a SQLAlchemy URL (psycopg takes postgresql://...)."""
     target = make_url(url).set(drivername="postgresql")
@@ -104,11 +113,11 @@ class Servers:
 
 
 @contextlib.contextmanager
-def servers() -> Iterator[Servers]:
-    """RIG_BENCH_REDIS_URL and RIG_BENCH_DATABASE_URL, else an embedded Redis and PostgreSQL in
-    a temporary directory; the database created when missing and migrated to head."""
-    redis_url = os.environ.get("RIG_BENCH_REDIS_URL")
-    database_url = os.environ.get("RIG_BENCH_DATABASE_URL")
+def servers(redis_url: str | None = None, database_url: str | None = None) -> Iterator[Servers]:
+    """RIG_BENCH_REDIS_URL and RIG_BENCH_DATABASE_URL, else the URLs given, else an embedded Redis
+    and PostgreSQL in a temporary directory; the database created when missing and migrated."""
+    redis_url = os.environ.get("RIG_BENCH_REDIS_URL", redis_url)
+    database_url = os.environ.get("RIG_BENCH_DATABASE_URL", database_url)
     with contextlib.ExitStack() as stack:
         origin = "configured"
         if database_url:
@@ -138,36 +147,37 @@ class Stores:
         """FLUSHDB, and TRUNCATE every table but alembic_version."""
         await self.redis.flushdb()
         async with self.engine.begin() as conn:
-            tables = await conn.execute(
-                text(
-                    "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = "
-                    "current_schema() AND tablename <> 'alembic_version'"
-                )
-            )
+            tables = await conn.execute(text(_DATA_TABLES))
             await conn.execute(text(f"TRUNCATE {', '.join(tables.scalars())}"))
 
-    async def reclaimed_rows(self) -> int:
-        """Entries the event log records as reclaimed (a RECLAIMED row carries a batch of ids)."""
-        sql = "SELECT coalesce(sum(coalesce(cardinality(entry_ids), 1)), 0) FROM events "
+    async def check_reclaimed(self, expected: int, reported: int, lines: int) -> None:
+        """A reclaim of `expected` entries: the report's count, the RECLAIMED lines read and the
+        entries of the event log's RECLAIMED rows (a row carries a batch of ids) all equal it."""
+        sql = "SELECT coalesce(sum(coalesce(cardinality(entry_ids), 1)), 0) FROM events WHERE "
         async with self.engine.connect() as conn:
-            return int((await conn.execute(text(sql + "WHERE kind = 'RECLAIMED'"))).scalar_one())
-
-    async def describe(self) -> str:
-        redis_version = (await self.redis.info("server"))["redis_version"]
-        async with self.engine.connect() as conn:
-            pg = (await conn.execute(text("SHOW server_version"))).scalar_one()
-        where = f"{self.servers.redis_url}, {make_url(self.servers.database_url)}"
-        return f"  Redis {redis_version}, PostgreSQL {pg} ({self.servers.origin}: {where})"
+            rows = await conn.execute(text(sql + "kind = 'RECLAIMED'"))
+            recorded = int(rows.scalar_one())
+        if not reported == lines == recorded == expected:
+            raise BenchError(
+                f"{expected:,} entries to reclaim: the report says {reported:,} reclaimed, "
+                f"{lines:,} lines read, {recorded:,} in the event log"
+            )
 
 
 @contextlib.asynccontextmanager
-async def stores() -> AsyncIterator[Stores]:
-    """The servers and clients of them; both emptied at the end. The Redis database is
-    FLUSHed: give the benchmarks a database of their own."""
+async def stores(title: str) -> AsyncIterator[Stores]:
+    """The servers and clients of them, named with their versions under `title`; both emptied at
+    the end. The Redis database is FLUSHed: give the benchmarks a database of their own."""
     with servers() as found:
         redis = redis_streams.connect(found.redis_url)
         bench = Stores(found, redis, pg_engine.create_engine(found.database_url))
         try:
+            redis_version = (await redis.info("server"))["redis_version"]
+            async with bench.engine.connect() as conn:
+                pg = (await conn.execute(text("SHOW server_version"))).scalar_one()
+            where = f"{found.redis_url}, {make_url(found.database_url)}"
+            print(title)
+            print(f"  Redis {redis_version}, PostgreSQL {pg} ({found.origin}: {where})", flush=True)
             yield bench
         finally:
             with contextlib.suppress(Exception):
@@ -177,19 +187,25 @@ async def stores() -> AsyncIterator[Stores]:
 
 
 # Data sets
-
-
-async def add_entries(redis: Redis, stream: str, count: int, chunk: int = 10_000) -> list[str]:
-    """`count` dispatch-shaped entries, pipelined; their ids in order."""
+async def add_entries(redis: Redis, stream: str, count: int) -> list[str]:
+    """`count` dispatch-shaped entries, pipelined 10,000 at a time; their ids in order."""
     ids: list[str] = []
     entry = {"type": "ISSUE_ASSIGNED", "agentId": "bench", "assignedAt": "2026-05-16T09:00:00Z"}
     entry["payload"] = '{"repo":"rig/conductor","pr":959,"kind":"review"}'
-    for start in range(0, count, chunk):
+    for start in range(0, count, 10_000):
         async with redis.pipeline(transaction=False) as pipe:
-            for n in range(start, min(count, start + chunk)):
+            for n in range(start, min(count, start + 10_000)):
                 pipe.xadd(stream, {"issueId": f"rc-{n}", **entry})
             ids.extend(await pipe.execute())
     return ids
+
+
+async def add_consumers(redis: Redis, stream: str, pairs: Sequence[tuple[str, str]]) -> None:
+    """XGROUP CREATECONSUMER for the consumers of the (agent, consumer) pairs, pipelined."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for _, consumer in pairs:
+            pipe.xgroup_createconsumer(stream, GROUP, consumer)
+        await pipe.execute()
 
 
 async def deliver(redis: Redis, stream: str, reads: Sequence[tuple[str, int]]) -> None:
@@ -216,18 +232,15 @@ async def heartbeat(engine: AsyncEngine, pairs: Sequence[tuple[str, str]]) -> No
 
 def consumers(agents: Sequence[str], count: int) -> list[tuple[str, str]]:
     """`count` (agent, `<agent>-rig-agent-runtime-<n>`) pairs, round-robin over `agents`."""
-    return [
-        (agents[i % len(agents)], f"{agents[i % len(agents)]}-rig-agent-runtime-{i // len(agents)}")
-        for i in range(count)
-    ]
+    n = len(agents)
+    return [(agents[i % n], f"{agents[i % n]}-rig-agent-runtime-{i // n}") for i in range(count)]
 
 
 @dataclass(frozen=True)
 class Shape:
-    """`entries` pending entries over `consumers` consumers; the first half's agents are dead
-    (known ids that never heartbeat), the other half's alive. With `spare` (spec `E/C+S`), all
-    `consumers` are dead and hold every entry, and `spare` live consumers hold none: a dead
-    fleet and its survivors."""
+    """`entries` pending entries held by dead consumers (known agent ids that never heartbeat),
+    beside live ones that hold none: half of the `consumers` dead and half alive, or with `spare`
+    (spec `E/C+S`) all `consumers` dead and `spare` live ones: a dead fleet and its survivors."""
 
     entries: int
     consumers: int
@@ -244,7 +257,7 @@ class Shape:
 
     @property
     def per_consumer(self) -> int:
-        """Entries each dead consumer holds (and each live one, without spares)."""
+        """Entries each dead consumer holds."""
         return self.entries // len(self.dead)
 
     @property
@@ -272,28 +285,17 @@ class Shape:
 
 
 async def plant(stores: Stores, shape: Shape, stream: str, stale_ms: int) -> None:
-    """A fresh data set: the dead consumers' entries idle past `stale_ms`, the live consumers'
-    just read (and their agents and consumers heartbeating).
-
-    Live consumers hold the lower ids, dead ones the upper (the group starts where the dead
-    ones' begin, they read, then XGROUP SETID 0 lets the live read the lower ids): a walk of the
-    whole pending list in id order (XAUTOCLAIM) passes the live entries while fresh.
-    """
+    """A fresh data set: every entry read by the dead consumers and idle past `stale_ms`; the live
+    consumers registered in the group, holding nothing, their agents and names heartbeating."""
     await stores.reset()
     redis = stores.redis
-    ids = await add_entries(redis, stream, shape.entries)
-    live_held = shape.entries - shape.stale
-    await redis.xgroup_create(stream, GROUP, id=ids[live_held - 1] if live_held else "0")
+    await add_entries(redis, stream, shape.entries)
+    await redis.xgroup_create(stream, GROUP, id="0")
     await deliver(redis, stream, [(c, shape.per_consumer) for _, c in shape.dead])
     read_at = time.monotonic()
     await heartbeat(stores.engine, shape.live)
-    async with redis.pipeline(transaction=False) as pipe:
-        for _, consumer in shape.live:
-            pipe.xgroup_createconsumer(stream, GROUP, consumer)
-        await pipe.execute()
+    await add_consumers(redis, stream, shape.live)
     await asyncio.sleep(max(0.0, read_at + stale_ms / 1000 + 0.2 - time.monotonic()))
-    await redis.xgroup_setid(stream, GROUP, id="0")
-    await deliver(redis, stream, [(c, live_held // len(shape.live)) for _, c in shape.live])
 
 
 async def verify_moved(stores: Stores, shape: Shape, stream: str, to: set[str]) -> dict[str, int]:
@@ -312,17 +314,13 @@ async def verify_moved(stores: Stores, shape: Shape, stream: str, to: set[str]) 
 
 
 # rig-conductor as users run it
-
-
 def conductor_env(found: Servers, **settings: object) -> dict[str, str]:
-    """The caller's environment without its RIG_* variables, plus the servers, Kubernetes off
-    and `settings` (name -> RIG_<NAME>): what a user's shell would hand the command."""
+    """The caller's environment without its RIG_* variables, plus the servers, Kubernetes off and
+    `settings` (name -> RIG_<NAME>): what a user's shell would hand the command."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    env.update(
-        RIG_REDIS_URL=found.redis_url, RIG_DATABASE_URL=found.database_url, RIG_K8S_ENABLED="false"
-    )
-    env.update({f"RIG_{name.upper()}": str(value) for name, value in settings.items()})
-    return env
+    servers = {"redis_url": found.redis_url, "database_url": found.database_url}
+    settings = servers | {"k8s_enabled": "false"} | settings
+    return env | {f"RIG_{name.upper()}": str(value) for name, value in settings.items()}
 
 
 @dataclass
@@ -333,15 +331,16 @@ class CliRun:
     rss_mb: float  # the child's peak RSS
 
 
-def run_cli(args: Sequence[str], env: dict[str, str], count: str = RECLAIMED) -> CliRun:
-    """`rig-conductor <args>`, stdout and stderr read by this process through pipes (stderr in
-    a thread, counting the lines that carry `count`); the peak RSS from `peak_rss`."""
+def run_cli(args: Sequence[str], env: dict[str, str]) -> CliRun:
+    """`rig-conductor <args>`, stdout and stderr read through pipes (stderr in a thread, counting
+    the RECLAIMED lines). The peak RSS is the child's own VmHWM, sampled: wait4's ru_maxrss would
+    carry over this process's peak (a child spawned by vfork and exec starts from it)."""
     lines, tail = 0, collections.deque[str](maxlen=5)
 
     def read(stream: IO[str]) -> None:
         nonlocal lines
         for line in stream:
-            if count in line:
+            if RECLAIMED in line:
                 lines += 1
             else:
                 tail.append(line)
@@ -353,13 +352,9 @@ def run_cli(args: Sequence[str], env: dict[str, str], count: str = RECLAIMED) ->
         assert child.stdout is not None and child.stderr is not None
         reader = threading.Thread(target=read, args=(child.stderr,))
         reader.start()
-        exited, peak = threading.Event(), [0.0]
-        sampler = threading.Thread(target=peak_rss, args=(child.pid, exited, peak))
-        sampler.start()
-        stdout = child.stdout.read()
-        child.wait()
-        exited.set()
-        sampler.join()
+        with peaks(lambda: (proc_kb(child.pid).get("VmHWM", 0) / 1024,), every=0.01) as peak:
+            stdout = child.stdout.read()
+            child.wait()
         reader.join()
     seconds = time.perf_counter() - started
     if child.returncode != 0:
@@ -368,18 +363,39 @@ def run_cli(args: Sequence[str], env: dict[str, str], count: str = RECLAIMED) ->
     return CliRun(seconds, stdout, lines, peak[0])
 
 
-def peak_rss(pid: int, exited: threading.Event, peak: list[float]) -> None:
-    """The child's own high-water RSS (VmHWM), read every 10 ms until it exits. Not wait4's
-    ru_maxrss: a child spawned by vfork-and-exec carries over the peak RSS of the process that
-    spawned it, this benchmark with its planted data set."""
-    status = Path(f"/proc/{pid}/status")
-    while not exited.wait(0.01):
-        try:
-            found = [line for line in status.read_text().splitlines() if line[:6] == "VmHWM:"]
-        except OSError:
-            return
-        if found:
-            peak[0] = max(peak[0], int(found[0].split()[1]) / 1024)
+async def run_reap(stores: Stores, expected: int, **settings: object) -> tuple[CliRun, Any]:
+    """`rig-conductor reap --once` with `settings`: its run and report, `check_reclaimed`."""
+    env = conductor_env(stores.servers, **settings)
+    run = await asyncio.to_thread(run_cli, ["reap", "--once"], env)
+    report = json.loads(run.stdout)
+    await stores.check_reclaimed(expected, int(report["reclaimed"]), run.lines)
+    return run, report
+
+
+def proc_kb(pid: int) -> dict[str, int]:
+    """The sizes in /proc/<pid>/status (VmHWM, RssAnon, ...) in kB; none once it is gone."""
+    with contextlib.suppress(OSError):
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        return {k: int(v.split()[0]) for k, _, v in (x.partition(":") for x in lines) if "kB" in v}
+    return {}
+
+
+@contextlib.contextmanager
+def peaks(read: Callable[[], Sequence[float]], every: float) -> Iterator[list[float]]:
+    """The highest of each value `read` returns while the block runs, read every `every` s."""
+    peak, done = list(read()), threading.Event()
+
+    def sample() -> None:
+        while not done.wait(every):
+            peak[:] = [max(high, now) for high, now in zip(peak, read(), strict=True)]
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        sampler.join()
 
 
 def free_port() -> int:
@@ -388,27 +404,31 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_ready(child: subprocess.Popen[bytes], ready_url: str) -> None:
+    """Until `ready_url` answers 200, 60 s at most, while the server process runs."""
+    deadline = time.monotonic() + 60
+    while child.poll() is None:
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(ready_url, timeout=5).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise BenchError(f"{ready_url} did not answer 200 within 60 s")
+        time.sleep(0.2)
+    raise BenchError(f"the server of {ready_url} exited {child.returncode} at start")
+
+
 @contextlib.contextmanager
 def process(
     command: Sequence[str], env: dict[str, str], ready_url: str, log: IO[bytes] | int
-) -> Iterator[subprocess.Popen[bytes]]:
+) -> Iterator[None]:
     """A server process until the block ends, once `ready_url` answers 200; then SIGTERM
     (SIGKILL after 40 s: `serve` drains for up to 30 s)."""
     child = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if child.poll() is not None:
-                raise BenchError(f"{' '.join(command[-2:])} exited {child.returncode} at start")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(ready_url, timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise BenchError(f"{ready_url} did not answer 200 within 60 s")
-            time.sleep(0.2)
-        yield child
+        wait_ready(child, ready_url)
+        yield
     finally:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -431,8 +451,6 @@ def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Ite
 
 
 # Printing
-
-
 def goal(label: str, value: float, op: str, target: float, unit: str = "") -> bool:
     """One line: `label` is `value`; the goal (`op` `target`) met or MISSED. Returns which."""
     ok = {">=": value >= target, "<=": value <= target, "<": value < target}[op]

@@ -1,21 +1,13 @@
 """Heartbeat ingest: `rig-conductor serve` against a no-op FastAPI endpoint (bench/noop_app.py),
-the same HTTP load on each, in alternating rounds of the same run.
+the same wrk load on each in alternating rounds; every 202 of the conductor checked as durable.
 
     .venv/bin/python bench/ingest.py [--quick] [--rounds 10] [--duration 3] [--connections 32]
-
-Load: wrk (installed with apt-get when missing), keep-alive connections POSTing HEARTBEAT bodies
-round-robin over 50 agent ids and 500 consumer names. The conductor answers 202 once the
-heartbeat is committed in PostgreSQL; the no-op validates the body with the same model and
-stores nothing. A round loads one, then the other (the order alternates), a few seconds apart:
-this machine's speed drifts, so the reported ratio is the median of the rounds'. Every
-conductor run is checked: each 202 has its HEARTBEAT row in the event log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -111,16 +103,15 @@ class EventLog:
         self.settled()  # the previous run's last heartbeats land before the TRUNCATE
         self.conn.execute("TRUNCATE events, agent_heartbeats, consumer_heartbeats")
 
-
-def durability(log: EventLog, load: Load, connections: int) -> list[str]:
-    """Each 202 committed before it was sent: rows when wrk exits >= completed responses; once
-    settled, at most `connections` more (requests in flight when wrk stopped, not counted)."""
-    at_exit, final = log.rows(), log.settled()
-    problems = [f"{load.non_2xx} non-2xx answers"] if load.non_2xx else []
-    problems += [f"{load.errors} socket errors"] if load.errors else []
-    if at_exit < load.requests or not 0 <= final - load.requests <= connections:
-        problems.append(f"{load.requests:,} answers, {at_exit:,} rows at exit, {final:,} later")
-    return problems
+    def durability(self, load: Load, connections: int) -> list[str]:
+        """Each 202 committed before it was sent: rows when wrk exits >= completed responses;
+        once settled, at most `connections` more (in flight when wrk stopped, not counted)."""
+        at_exit, final = self.rows(), self.settled()
+        problems = [f"{load.non_2xx} non-2xx answers"] if load.non_2xx else []
+        problems += [f"{load.errors} socket errors"] if load.errors else []
+        if at_exit < load.requests or not 0 <= final - load.requests <= connections:
+            problems.append(f"{load.requests:,} answers, {at_exit:,} rows at exit, {final:,} later")
+        return problems
 
 
 def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
@@ -128,16 +119,14 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     script.write_text(WRK_LUA % ",\n".join(json.dumps(b) for b in BODIES))  # JSON is Lua
     log = EventLog(found.database_url)
     log.truncate()
-    noop_port = harness.free_port()
-    noop_url = f"http://127.0.0.1:{noop_port}"
-    noop_command = [sys.executable, str(Path(__file__).with_name("noop_app.py")), "--port"]
-    noop_env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    port = harness.free_port()
+    noop_url = f"http://127.0.0.1:{port}"
+    noop_app = [sys.executable, str(Path(__file__).with_name("noop_app.py")), "--port", str(port)]
+    env = harness.conductor_env(found)  # the same for both servers (the no-op reads none of it)
     with (
         (tmp / "serve.log").open("wb") as serve_log,
-        harness.serve(harness.conductor_env(found), log=serve_log) as conductor_url,
-        harness.process(
-            [*noop_command, str(noop_port)], noop_env, f"{noop_url}/healthz", serve_log
-        ),
+        harness.serve(env, log=serve_log) as conductor_url,
+        harness.process(noop_app, env, f"{noop_url}/healthz", serve_log),
     ):
         urls = {"no-op": f"{noop_url}/api/events", "conductor": f"{conductor_url}/api/events"}
         for url in urls.values():
@@ -151,7 +140,7 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
                     log.truncate()
                 loads[name] = load = wrk(urls[name], script, args.connections, args.duration)
                 if name == "conductor":
-                    lost = durability(log, load, args.connections)
+                    lost = log.durability(load, args.connections)
                     problems += [f"round {n + 1}: {problem}" for problem in lost]
             noop, conductor = loads["no-op"], loads["conductor"]
             ratios.append(conductor.rps / noop.rps)
@@ -185,11 +174,6 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, help="no-op / conductor pairs (10)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per run (3)")
     parser.add_argument("--connections", type=int, default=32)
-    args = parser.parse_args()
-    args.rounds = args.rounds or (2 if args.quick else 10)
+    args = harness.options(parser, rounds=(10, 2))
     args.warmup = 1.0 if args.quick else 2.0
-    try:
-        sys.exit(main(args))
-    except BenchError as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
-        sys.exit(1)
+    sys.exit(harness.run(lambda: main(args)))

@@ -1,11 +1,7 @@
-"""The no-op baseline of bench/ingest.py: POST /api/events parsed with the conductor's own model.
+"""The no-op baseline of bench/ingest.py: POST /api/events parsed with the conductor's own model
+and answered as the conductor does, storing nothing; served as `serve` is.
 
     .venv/bin/python bench/noop_app.py --port 8081
-
-The route takes the conductor's `schemas.Event` union and answers `202 {"accepted": true}` as
-the conductor does, storing nothing, with none of its middleware: the difference between the
-two endpoints is everything the conductor does beyond parsing the body. Served as `serve` is:
-one uvicorn worker, no access log, the `rig_conductor.logs` configuration, the gc policy.
 """
 
 from __future__ import annotations

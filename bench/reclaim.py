@@ -1,35 +1,26 @@
 """Reclaim as users run it: `rig-conductor reap --once` as a subprocess at INFO, its stderr read
-by this process through a pipe, in text and in JSON log format, against the XAUTOCLAIM COUNT 10
-loop of the source design on the same data set in the same run.
+through a pipe, against the XAUTOCLAIM COUNT 10 loop of the source design on the same data set;
+and the cost of a quiet scan with a million pending entries against a hundred.
 
-    .venv/bin/python bench/reclaim.py            # 200,000 / 200 and 1,000,000 / 1,000
-    .venv/bin/python bench/reclaim.py --quick    # 50,000 / 50, quiet scan on 1,000 consumers
+    .venv/bin/python bench/reclaim.py            # 200,000 / 200 + 1 and 1,000,000 / 1,000 + 1
+    .venv/bin/python bench/reclaim.py --quick    # 50,000 / 50 + 1, quiet scan on 1,000 consumers
     .venv/bin/python bench/reclaim.py --shapes 1000000/1000+1 --quiet-consumers 0
-
-Each run gets a fresh data set (harness.plant): every entry held by a dead consumer (known
-agent ids that never heartbeat), stale, and one live consumer to take them all. A run counts
-only once verified: the dead consumers hold nothing, and the report, the [StreamReclaim] lines
-read from stderr and the event log's RECLAIMED rows all count every stale entry. Also printed:
-XCLAIM JUSTID of the same ids known beforehand (what the moves alone cost Redis). Secondary
-lines: `reap_once` in this process at WARNING (no log lines at all), and the cost of a quiet
-scan (nothing stale) with a million pending entries against a hundred.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import sys
 import time
 from typing import Any
+from unittest import mock
 
 import harness
-from harness import GROUP, TENANT, BenchError, Shape, Stores
+from harness import GROUP, TENANT, BenchError, CliRun, Shape, Stores
 from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, StreamKey
-from rig_conductor.reaper.cycle import reap_once
+from rig_conductor.reaper.cycle import ScanReport, reap_once
 from rig_conductor.settings import Settings
 
 STREAM = "bench:reclaim"
@@ -38,29 +29,35 @@ STALE_MS, AGENT_DOWN_MS = 1_000, 600_000
 GOAL_RATE, GOAL_RATIO, GOAL_RSS_MB, GOAL_QUIET = 150_000, 2.0, 250, 1.5
 QUIET_AGENTS = (*harness.LIVE_AGENTS, "review-e-codex", "dev-e-dotnet", "dev-e-python")
 QUIET_ROUNDS = 5
+SHAPES = ("200000/200+1,1000000/1000+1", "50000/50+1")  # E/C+S: entries / dead + live consumers
 
 
-def settings(stores: Stores, stream: str, agent_ids: str, stale_ms: int) -> Settings:
-    return Settings(
-        redis_url=stores.servers.redis_url,
-        database_url=stores.servers.database_url,
-        streams=(stream,),
-        agent_ids=tuple(agent_ids.split(",")),
-        entry_stale_ms=stale_ms,
-        agent_down_ms=AGENT_DOWN_MS,
-        tenant=TENANT,
-        dry_run=False,
+async def reap_here(
+    stores: Stores, stream: str, agent_ids: str, stale_ms: int
+) -> tuple[ScanReport, float]:
+    """`reap_once` called in this process: its report and seconds."""
+    started = time.perf_counter()
+    report = await reap_once(
+        redis=stores.redis,
+        engine=stores.engine,
+        settings=Settings(
+            redis_url=stores.servers.redis_url,
+            database_url=stores.servers.database_url,
+            streams=(stream,),
+            agent_ids=tuple(agent_ids.split(",")),
+            entry_stale_ms=stale_ms,
+            agent_down_ms=AGENT_DOWN_MS,
+            tenant=TENANT,
+            dry_run=False,
+        ),
     )
+    return report, time.perf_counter() - started
 
 
-async def verify(stores: Stores, shape: Shape, reported: int, lines: int) -> None:
-    await harness.verify_moved(stores, shape, STREAM, to=set())
-    recorded = await stores.reclaimed_rows()
-    if not reported == lines == recorded == shape.stale:
-        raise BenchError(
-            f"{shape.stale:,} stale entries: the report says {reported:,} reclaimed, "
-            f"{lines:,} lines read, {recorded:,} in the event log"
-        )
+def row(label: str, rate: float, loop: float | None = None, rest: str = "") -> None:
+    """One line of a shape: `label`, entries/s, the ratio to the loop and `rest`."""
+    versus = f" {rate / loop:5.1f}x the loop  {rest}" if loop else ""
+    print(f"  {label:<40} {rate:>9,.0f} entries/s{versus}", flush=True)
 
 
 async def autoclaim_loop(stores: Stores, shape: Shape) -> float:
@@ -71,9 +68,7 @@ async def autoclaim_loop(stores: Stores, shape: Shape) -> float:
     started = time.perf_counter()
     cursor, claimed = "0-0", 0
     while True:
-        reply = await stores.redis.xautoclaim(
-            STREAM, GROUP, RECOVERY, min_idle, start_id=cursor, count=10
-        )
+        reply = await stores.redis.xautoclaim(STREAM, GROUP, RECOVERY, min_idle, cursor, count=10)
         cursor, claimed = reply[0], claimed + len(reply[1])
         if cursor == "0-0":
             break
@@ -88,11 +83,9 @@ async def claim_floor(stores: Stores, shape: Shape) -> float:
     """What the moves alone cost Redis: the dead consumers' ids, read beforehand, claimed for
     the live consumer with XCLAIM ... JUSTID, 1,000 ids a command, pipelined."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
+    dead = {ConsumerName(c): 0 for _, c in shape.dead}
     ids = await redis_streams.pending_entries(
-        stores.redis,
-        stream=StreamKey(STREAM),
-        group=GroupName(GROUP),
-        min_idle_ms={ConsumerName(c): 0 for _, c in shape.dead},
+        stores.redis, stream=StreamKey(STREAM), group=GroupName(GROUP), min_idle_ms=dead
     )
     target = shape.live[0][1]
     started = time.perf_counter()
@@ -107,70 +100,45 @@ async def claim_floor(stores: Stores, shape: Shape) -> float:
     return moved / seconds
 
 
-async def reap_cli(
-    stores: Stores, shape: Shape, log_format: str
-) -> tuple[float, harness.CliRun, dict[str, Any]]:
-    """The headline: (entries/s of the whole command, its run, its scan report)."""
+async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[CliRun, Any]:
+    """The headline: the whole command's run and its scan report."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
-    env = harness.conductor_env(
-        stores.servers,
-        streams=STREAM,
-        agent_ids=shape.agent_ids,
-        entry_stale_ms=STALE_MS,
-        agent_down_ms=AGENT_DOWN_MS,
-        tenant=TENANT,
-        log_format=log_format,
-    )
-    run = await asyncio.to_thread(harness.run_cli, ["reap", "--once"], env)
-    report = json.loads(run.stdout)
-    await verify(stores, shape, int(report["reclaimed"]), run.lines)
-    return shape.stale / run.seconds, run, report
+    settings = {"entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT}
+    settings |= {"streams": STREAM, "agent_ids": shape.agent_ids, "log_format": log_format}
+    run, report = await harness.run_reap(stores, shape.stale, **settings)
+    await harness.verify_moved(stores, shape, STREAM, to=set())
+    return run, report
 
 
 async def reap_in_process(stores: Stores, shape: Shape) -> float:
     """Secondary: `reap_once` called in this process, rig_conductor logging at WARNING."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
     logging.getLogger("rig_conductor").setLevel(logging.WARNING)
-    started = time.perf_counter()
-    report = await reap_once(
-        redis=stores.redis,
-        engine=stores.engine,
-        settings=settings(stores, STREAM, shape.agent_ids, STALE_MS),
-    )
-    seconds = time.perf_counter() - started
-    await verify(stores, shape, report.reclaimed, report.reclaimed)  # no lines at WARNING
+    report, seconds = await reap_here(stores, STREAM, shape.agent_ids, STALE_MS)
+    await harness.verify_moved(stores, shape, STREAM, to=set())
+    await stores.check_reclaimed(shape.stale, report.reclaimed, report.reclaimed)  # no lines
     return report.reclaimed / seconds
 
 
 async def measure_shape(stores: Stores, shape: Shape) -> None:
     print(f"\n{shape}: {shape.stale:,} stale entries", flush=True)
     loop = await autoclaim_loop(stores, shape)
-    print(f"  {'XAUTOCLAIM COUNT 10 loop (baseline)':<40} {loop:>9,.0f} entries/s", flush=True)
+    row("XAUTOCLAIM COUNT 10 loop (baseline)", loop)
     floor = await claim_floor(stores, shape)
-    print(
-        f"  {'XCLAIM JUSTID of known ids, pipelined':<40} {floor:>9,.0f} entries/s "
-        f"{floor / loop:5.1f}x the loop  (Redis's own cost of the moves: no discovery, no log)",
-        flush=True,
-    )
+    note = "(Redis's own cost of the moves: no discovery, no log)"
+    row("XCLAIM JUSTID of known ids, pipelined", floor, loop, note)
     for log_format in ("text", "json"):
-        rate, run, report = await reap_cli(stores, shape, log_format)
-        checks = {
-            "entries/s": rate >= GOAL_RATE,
-            "ratio": rate / loop >= GOAL_RATIO,
-            "RSS": run.rss_mb < GOAL_RSS_MB,
-        }
+        run, report = await reap_cli(stores, shape, log_format)
+        rate = shape.stale / run.seconds
+        checks = {"entries/s": rate >= GOAL_RATE, "ratio": rate / loop >= GOAL_RATIO}
+        checks["RSS"] = run.rss_mb < GOAL_RSS_MB
         missed = [name for name, ok in checks.items() if not ok]
-        print(
-            f"  {'reap --once, INFO, ' + log_format + ' log':<40} {rate:>9,.0f} entries/s "
-            f"{rate / loop:5.1f}x the loop  {run.seconds:6.2f} s  peak RSS {run.rss_mb:4.0f} MB  "
-            f"{run.lines:,} lines  goals {'MISSED: ' + ', '.join(missed) if missed else 'met'}",
-            flush=True,
-        )
+        goals = "MISSED: " + ", ".join(missed) if missed else "met"
+        rest = f"{run.seconds:6.2f} s  peak RSS {run.rss_mb:4.0f} MB  {run.lines:,} lines"
+        row(f"reap --once, INFO, {log_format} log", rate, loop, f"{rest}  goals {goals}")
         for phase, ms in (report.get("phasesMs") or {}).items():
             print(f"      {phase:<34} {ms * 1000 / shape.stale:7.2f} µs/entry")
-    rate = await reap_in_process(stores, shape)
-    label = "reap_once in process, WARNING"
-    print(f"  {label:<40} {rate:>9,.0f} entries/s {rate / loop:5.1f}x the loop  (secondary)")
+    row("reap_once in process, WARNING", await reap_in_process(stores, shape), loop, "(secondary)")
 
 
 async def quiet_scan(stores: Stores, consumers: int, big: int) -> None:
@@ -183,53 +151,34 @@ async def quiet_scan(stores: Stores, consumers: int, big: int) -> None:
     for pending, stream in cases.items():
         await harness.add_entries(stores.redis, stream, pending)
         await stores.redis.xgroup_create(stream, GROUP, id="0")
-        async with stores.redis.pipeline(transaction=False) as pipe:
-            for _, consumer in pairs:
-                pipe.xgroup_createconsumer(stream, GROUP, consumer)
-            await pipe.execute()
+        await harness.add_consumers(stores.redis, stream, pairs)
         share = [pending * i // consumers for i in range(consumers + 1)]  # even, sums up
-        reads = [(c, share[i + 1] - share[i]) for i, (_, c) in enumerate(pairs)]
-        await harness.deliver(stores.redis, stream, reads)
+        held = [(c, share[i + 1] - share[i]) for i, (_, c) in enumerate(pairs)]
+        await harness.deliver(stores.redis, stream, held)
     await harness.heartbeat(stores.engine, pairs)
     agents = ",".join(QUIET_AGENTS)
     runs: dict[int, list[float]] = {pending: [] for pending in cases}
-    reads, original = 0, redis_sweep.read_pages
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:  # a pending list read
-        nonlocal reads
-        reads += 1
-        return await original(*args, **kwargs)
-
-    redis_sweep.read_pages = counted  # type: ignore[assignment]
-    try:
+    pages = mock.patch.object(redis_sweep, "read_pages", wraps=redis_sweep.read_pages)
+    with pages as reads:  # counts the pending lists read
         for round_ in range(QUIET_ROUNDS + 1):
             for pending, stream in cases.items():
-                started = time.perf_counter()
-                report = await reap_once(
-                    redis=stores.redis,
-                    engine=stores.engine,
-                    settings=settings(stores, stream, agents, 300_000),
-                )
+                report, seconds = await reap_here(stores, stream, agents, 300_000)
                 if report.reclaimed or report.consumers_down or report.pending != pending:
                     raise BenchError(f"the quiet scan was not quiet: {report}")
                 if round_:
-                    runs[pending].append((time.perf_counter() - started) * 1000)
-    finally:
-        redis_sweep.read_pages = original  # type: ignore[assignment]
+                    runs[pending].append(seconds * 1000)
     small, large = harness.median(runs[100]), harness.median(runs[big])
     print(
         f"\nquiet scan, reap_once in process: {consumers:,} live consumers, nothing stale; "
         f"median of {QUIET_ROUNDS}: {small:.0f} ms with 100 pending, {large:.0f} ms with "
-        f"{big:,}; pending lists read: {reads}"
+        f"{big:,}; pending lists read: {reads.call_count}"
     )
-    ratio = large / small
-    harness.goal(f"quiet scan {big:,} / 100 pending", ratio, "<=", GOAL_QUIET, "x")
+    harness.goal(f"quiet scan {big:,} / 100 pending", large / small, "<=", GOAL_QUIET, "x")
 
 
 async def main(args: argparse.Namespace) -> int:
-    async with harness.stores() as stores:
-        print("rig-conductor reclaim as users run it: reap --once, INFO, stderr through a pipe")
-        print(await stores.describe())
+    title = "rig-conductor reclaim as users run it: reap --once, INFO, stderr through a pipe"
+    async with harness.stores(title) as stores:
         for shape in args.shapes:
             await measure_shape(stores, shape)
         print(
@@ -244,16 +193,11 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50000/50, quiet 1,000 / 100,000")
-    parser.add_argument(
-        "--shapes", help="entries/dead consumers+live ones,... (200000/200+1,1000000/1000+1)"
-    )
+    parser.add_argument("--shapes", help="E/C+S,... (200000/200+1,1000000/1000+1)")
     parser.add_argument("--quiet-consumers", type=int, help="10,000 (0: skip the quiet scan)")
     parser.add_argument("--quiet-pending", type=int, help="the big quiet case (1,000,000)")
-    args = parser.parse_args()
-    quick = args.quick
-    shapes = args.shapes or ("50000/50+1" if quick else "200000/200+1,1000000/1000+1")
-    args.shapes = [Shape.parse(spec) for spec in shapes.split(",")]
-    if args.quiet_consumers is None:
-        args.quiet_consumers = 1_000 if quick else 10_000
-    args.quiet_pending = args.quiet_pending or (100_000 if quick else 1_000_000)
+    args = harness.options(
+        parser, shapes=SHAPES, quiet_consumers=(10_000, 1_000), quiet_pending=(1_000_000, 100_000)
+    )
+    args.shapes = [Shape.parse(spec) for spec in args.shapes.split(",")]
     sys.exit(harness.run(main(args)))

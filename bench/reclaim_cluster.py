@@ -1,19 +1,13 @@
-"""Reclaim on a Redis Cluster of 3 primaries and 3 replicas, against one standalone server with the
-same data in the same run: `rig-conductor reap --once` as users run it (harness.run_cli).
+"""Reclaim on a Redis Cluster of 3 primaries and 3 replicas against the benchmarks' standalone
+Redis with the same data: `rig-conductor reap --once` as users run it.
 
     .venv/bin/python bench/reclaim_cluster.py [--quick] [--entries 300000] [--streams 12]
-
-Data: `--streams` streams `assignments:<n>` (on the cluster, spread over every primary), each
-with 20 consumers: 10 dead (their agents never heartbeat) holding every entry, 10 live and
-heartbeating. The cluster runs from Debian's redis-server on free local ports
-(tests/topologies/servers.py); the standalone server is the benchmarks' Redis.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -56,19 +50,14 @@ async def measure(
 ) -> float:
     """`reap --once` on a fresh copy of the data set on `client`'s servers: entries/s."""
     await stores.reset()
-    names = [f"assignments:{n}" for n in range(args.streams)]
-    await asyncio.to_thread(plant, client, names, args.entries // args.streams)
+    per_stream = args.entries // len(args.names)
+    await asyncio.to_thread(plant, client, args.names, per_stream)
     await harness.heartbeat(stores.engine, LIVE)
-    settings = harness.conductor_env(
-        stores.servers, streams="assignments:*", agent_ids=AGENTS, entry_stale_ms=STALE_MS, **env
-    )
-    run = await asyncio.to_thread(harness.run_cli, ["reap", "--once"], settings)
-    moved, expected = json.loads(run.stdout)["reclaimed"], len(names) * (args.entries // len(names))
-    recorded = await stores.reclaimed_rows()
-    if not moved == run.lines == recorded == expected:
-        raise BenchError(f"{label}: moved {moved:,}, {run.lines:,} lines, {recorded:,} recorded")
+    settings = {"streams": "assignments:*", "agent_ids": AGENTS, "entry_stale_ms": STALE_MS}
+    run, report = await harness.run_reap(stores, len(args.names) * per_stream, **settings, **env)
+    moved = report["reclaimed"]
     print(f"  {label:<36} {moved / run.seconds:>9,.0f} entries/s  {run.seconds:6.2f} s")
-    client.delete(*names)
+    client.delete(*args.names)
     return moved / run.seconds
 
 
@@ -81,12 +70,8 @@ def free_base() -> int:
 
 
 async def main(args: argparse.Namespace) -> int:
-    async with harness.stores() as stores:
-        print(
-            f"rig-conductor reclaim on a Redis Cluster: reap --once, INFO, {args.entries:,} "
-            f"entries over {args.streams} streams"
-        )
-        print(await stores.describe())
+    title = f"rig-conductor reclaim on a Redis Cluster: reap --once, INFO, {args.entries:,} entries"
+    async with harness.stores(f"{title} over {args.streams} streams") as stores:
         standalone = redis.Redis.from_url(stores.servers.redis_url, decode_responses=True)
         base = await measure("standalone (one server, baseline)", stores, standalone, args)
         standalone.close()
@@ -94,19 +79,15 @@ async def main(args: argparse.Namespace) -> int:
             cluster = await asyncio.to_thread(Cluster(Path(root), base=free_base()).start)
             try:
                 client = redis.RedisCluster.from_url(cluster.url, decode_responses=True)
-                on = {
-                    client.get_node_from_key(f"assignments:{n}").name for n in range(args.streams)
-                }
+                on = {client.get_node_from_key(name).name for name in args.names}
                 label = f"cluster, 3 primaries ({len(on)} hold streams)"
                 cluster_env = {"redis_mode": "cluster", "redis_url": cluster.url}
                 rate = await measure(label, stores, client, args, **cluster_env)
                 client.close()
             finally:
                 cluster.close()
-        print(
-            f"  cluster / standalone: {rate / base:.2f}x "
-            "(one machine runs the conductor and all six nodes)"
-        )
+        note = "(one machine runs the conductor and all six nodes)"
+        print(f"  cluster / standalone: {rate / base:.2f}x {note}")
     return 0
 
 
@@ -115,7 +96,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="30,000 entries over 6 streams")
     parser.add_argument("--entries", type=int, help="300,000")
     parser.add_argument("--streams", type=int, help="12")
-    args = parser.parse_args()
-    args.entries = args.entries or (30_000 if args.quick else 300_000)
-    args.streams = args.streams or (6 if args.quick else 12)
+    args = harness.options(parser, entries=(300_000, 30_000), streams=(12, 6))
+    args.names = [f"assignments:{n}" for n in range(args.streams)]
     sys.exit(harness.run(main(args)))

@@ -1,18 +1,7 @@
-"""Time to recover: how long stuck work waits before another consumer has it, with
-`rig-conductor serve` as a subprocess against real Redis and PostgreSQL.
+"""Time to recover: how long stuck work waits before another consumer has it (`rig-conductor
+serve` as a subprocess) when the owner's pod is deleted, when it is degraded, when it hangs.
 
     .venv/bin/python bench/recover.py [--quick] [--entries 10000] [--runs 5] [--grace-s 3]
-
-- pod deleted: the owner's pod is deleted from the test suite's Kubernetes API stand-in (named by
-  a KUBECONFIG); its agent heartbeats through another pod and the scheduled scan is an hour
-  away, so only the pod watch can free the entries. Measured: the deletion -> every entry owned
-  by the live consumer. Baseline: the schedule alone, up to RIG_SCAN_INTERVAL_S (60 s).
-- degraded (rule 3b): the owner heartbeats `degraded: true` over HTTP and never runs a handler.
-  Measured: the first degraded heartbeat -> its last entry completed elsewhere, against the
-  grace. Baseline: the agent-down path, which starts only once the heartbeats stop.
-- hung (rule 4b): the owner's handler blocks without progress while its agent heartbeats.
-  Measured: the hang -> that entry completed elsewhere, against the deadline.
-The agents of the last two are agent runtimes (`run_agent`) in this process, scans every 0.5 s.
 """
 
 from __future__ import annotations
@@ -25,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +32,8 @@ STREAM = "bench:recover"
 OWNER, *PEERS = (f"dev-e-rig-agent-runtime-{n}" for n in range(3))
 LABELS = {"app.kubernetes.io/name": "rig-agent-runtime"}
 SCAN_S, SCAN_INTERVAL_S, AGENT_DOWN_S = 0.5, 60, 600  # ours; the defaults
+CONDUCTOR = {"streams": STREAM, "agent_ids": "dev-e", "tenant": TENANT}
+SCANS = {"scan_interval_s": SCAN_S, "startup_delay_s": 0}  # the degraded and hung cases
 
 
 async def fill(stores: Stores, entries: int) -> None:
@@ -64,9 +55,7 @@ async def held_by(stores: Stores, consumers: set[str], since: float, within: flo
 
 
 def conductor(stores: Stores, **settings: object) -> dict[str, str]:
-    return harness.conductor_env(
-        stores.servers, streams=STREAM, agent_ids="dev-e", tenant=TENANT, **settings
-    )
+    return harness.conductor_env(stores.servers, **CONDUCTOR, **settings)
 
 
 async def pod_deleted(stores: Stores, entries: int) -> float:
@@ -82,9 +71,8 @@ async def pod_deleted(stores: Stores, entries: int) -> float:
         (Path(tmp) / "kubeconfig").write_text(json.dumps(config))  # JSON is YAML
         selector = "app.kubernetes.io/name=rig-agent-runtime"
         k8s = {"k8s_enabled": "true", "k8s_namespace": "agents", "k8s_label_selector": selector}
-        env = conductor(stores, entry_stale_ms=3_600_000, **k8s) | {
-            "KUBECONFIG": f"{tmp}/kubeconfig"
-        }
+        env = conductor(stores, entry_stale_ms=3_600_000, **k8s)
+        env["KUBECONFIG"] = f"{tmp}/kubeconfig"
         with harness.serve(env):
             while kube.open_watches() == 0:  # noqa: ASYNC110 - state in the stand-in
                 await asyncio.sleep(0.01)
@@ -95,7 +83,7 @@ async def pod_deleted(stores: Stores, entries: int) -> float:
 
 @contextlib.asynccontextmanager
 async def agents(
-    url: str, stores: Stores, handlers: dict[str, Callable[[Entry], Any]], deadline_s: float
+    url: str, stores: Stores, handlers: Mapping[str, Callable[[Entry], Any]], deadline_s: float
 ) -> AsyncIterator[None]:
     stop = asyncio.Event()
     settings = AgentSettings(
@@ -121,16 +109,15 @@ def done(entry: Entry) -> None:
     time.sleep(0.001)
 
 
+HEALTHY = dict.fromkeys(PEERS, done)  # the peers' handlers: every entry done in 1 ms
+
+
 async def degraded(stores: Stores, entries: int, grace_s: float) -> float:
     await fill(stores, entries)
     beat = {"type": "HEARTBEAT", "agentId": "dev-e", "consumer": OWNER}
     beat |= {"degraded": True, "degradedReasons": ["quota"]}
-    grace_ms, scans = round(grace_s * 1000), {"scan_interval_s": SCAN_S, "startup_delay_s": 0}
-    with harness.serve(conductor(stores, degraded_grace_ms=grace_ms, **scans)) as url:
-        async with (
-            agents(url, stores, dict.fromkeys(PEERS, done), 3600),
-            httpx.AsyncClient() as api,
-        ):
+    with harness.serve(conductor(stores, degraded_grace_ms=round(grace_s * 1000), **SCANS)) as url:
+        async with agents(url, stores, HEALTHY, 3600), httpx.AsyncClient() as api:
             started = time.perf_counter()
             waiting = asyncio.create_task(held_by(stores, set(), started, grace_s + 30))
             while not waiting.done():
@@ -149,23 +136,22 @@ async def hung(stores: Stores, deadline_s: float) -> float:
 
     await fill(stores, 0)
     await stores.redis.xadd(STREAM, {"issueId": "rc-hung"})
-    deadline_ms, scans = round(deadline_s * 1000), {"scan_interval_s": SCAN_S, "startup_delay_s": 0}
+    env = conductor(stores, entry_deadline_ms=round(deadline_s * 1000), **SCANS)
     try:
-        with harness.serve(conductor(stores, entry_deadline_ms=deadline_ms, **scans)) as url:
+        with harness.serve(env) as url:
             async with agents(url, stores, {OWNER: stuck}, deadline_s):
                 while not hanging.is_set():  # noqa: ASYNC110 - set from the handler's thread
                     await asyncio.sleep(0.005)
                 started = time.perf_counter()
-                async with agents(url, stores, dict.fromkeys(PEERS, done), deadline_s):
+                async with agents(url, stores, HEALTHY, deadline_s):
                     return await held_by(stores, set(), started, deadline_s + 30)
     finally:
         release.set()
 
 
 async def main(args: argparse.Namespace) -> int:
-    async with harness.stores() as stores:
-        print("rig-conductor time to recover stuck work; serve as a subprocess")
-        print(await stores.describe())
+    title = "rig-conductor time to recover stuck work; serve as a subprocess"
+    async with harness.stores(title) as stores:
         times = [await pod_deleted(stores, args.entries) for _ in range(args.runs)]
         worst = max(times)
         print(
@@ -197,8 +183,5 @@ if __name__ == "__main__":
     parser.add_argument("--degraded-entries", type=int, help="held by the degraded owner (200)")
     parser.add_argument("--grace-s", type=float, default=3.0, help="RIG_DEGRADED_GRACE_MS")
     parser.add_argument("--deadline-s", type=float, default=3.0, help="RIG_ENTRY_DEADLINE_MS")
-    args = parser.parse_args()
-    args.entries = args.entries or (1_000 if args.quick else 10_000)
-    args.runs = args.runs or (2 if args.quick else 5)
-    args.degraded_entries = args.degraded_entries or (50 if args.quick else 200)
+    args = harness.options(parser, entries=(10_000, 1_000), runs=(5, 2), degraded_entries=(200, 50))
     sys.exit(harness.run(main(args)))
