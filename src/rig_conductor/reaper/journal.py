@@ -25,7 +25,7 @@ from rig_conductor.reaper import moves
 logger = logging.getLogger("rig_conductor.reaper.cycle")
 
 LOG_PAGE = 1_000  # moved entries per log record and per RECLAIMED row
-RECORD_BATCH = 50_000  # moved entries per write to PostgreSQL while a sweep goes on
+RECORD_BATCH = 20_000  # moved entries per write to PostgreSQL while a sweep goes on
 
 
 class Recorder:
