@@ -87,7 +87,9 @@ class SparkCluster:
     def alive_workers(self) -> int:
         try:
             return sum(w["state"] == "ALIVE" for w in self.state()["workers"])
-        except OSError:
+        except (OSError, ValueError):
+            # Not up yet. While the master's web UI starts, /json can be answered by the
+            # status page (HTML) before its own handler is attached.
             return 0
 
     def wait_for_workers(self, count: int, within: float = 90) -> None:
