@@ -42,7 +42,7 @@ def loaded() -> None:
 def after_startup() -> None:
     """Collect once, freeze what survives, and raise the youngest generation's threshold."""
     gc.collect()
-    gc.freeze()
+    loaded()
     young, older, oldest = gc.get_threshold()
     gc.set_threshold(max(young, YOUNG_THRESHOLD), older, oldest)
 

@@ -77,9 +77,9 @@ class OwnerRule:
         decided it); the others stay: fresh, the owner may still be working on them. One pass
         over a page, as the scan reads them."""
         due, keep, worn = self.due, self.keep, self.worn
-        min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
         if not (due or keep or worn):
             return self._sort_by_count(entries)
+        min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
         move: list[PendingEntry] = []
         dead: list[PendingEntry] = []
         for entry in entries:
@@ -408,18 +408,20 @@ def plan_pages(
     spread: Spread | None = None,
 ) -> ReclaimPlan:
     """Apply the group's owner rules to each owner's entries in `pages` and spread what moves
-    over the targets, one lot per pool of targets, owners in rule order; the moves come as
-    claims.
+    over the targets, one lot per pool of targets, owners in the order of `pages` (the callers
+    give them in rule order); the moves come as claims.
 
     `spread`: the group's spread so far in this scan (what earlier pages already gave each
-    target counts); a fresh one when None. Owners without a rule are left alone.
+    target counts); a fresh one when None. Owners without a rule are left alone. The cost is
+    that of `pages`, not of every rule: a sweep plans a few owners at a time out of thousands.
     """
+    rules = assessment.rules
     spread = spread if spread is not None else assessment.spread()
     dead: list[PendingEntry] = []
     pools: dict[PoolKey, list[tuple[ConsumerName, list[PendingEntry]]]] = {}
-    for owner, rule in assessment.rules.items():
-        page = pages.get(owner)
-        if not page:
+    for owner, page in pages.items():
+        rule = rules.get(owner)
+        if rule is None or not page:
             continue
         movable, worn = rule.sort(page)
         dead.extend(worn)
