@@ -7,7 +7,8 @@ A scan that moves a million entries logs a million lines. Doing that one LogReco
 costs more than the moves (a record, a formatter call, a flush and a write per line), so
 `log_lines` sends a page of lines as one record: the formatters here render it as one line
 per entry, each exactly as a record of its own would read, and the handler writes the page at
-once. `configure` puts a bounded queue in front of stderr: the scan enqueues, a thread formats
+once. A page whose lines differ in one value only (`Framed`: the entry id of a move) is
+rendered with one join, not a line at a time. `configure` puts a bounded queue in front of stderr: the scan enqueues, a thread formats
 and writes. A slow stderr slows the scan to its pace (the queue holds at most QUEUE_RECORDS
 records, so memory stays flat at any volume); a closed one costs nothing; one that takes nothing
 for STALL_S (a full pipe nobody reads) is given up on, its lines dropped, and never stalls a
@@ -27,10 +28,10 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, overload
 
 # Attributes every LogRecord has; anything else on a record came in through `extra`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
@@ -42,8 +43,51 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 # A str as JSON, exactly as json.dumps writes it, without building an encoder per call.
 _quote = json.encoder.encode_basestring_ascii
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+# The line of every moved entry (contract, reaper rule 8), whoever moved it.
+RECLAIMED = "[StreamReclaim] Reclaimed {entryId} on {stream}: {fromConsumer} -> {toConsumer}"
 STALL_S = 2.0  # how long a stderr that takes no line is waited for before it is given up on
 QUEUE_RECORDS = 64  # records waiting for the writer: a page of up to 1,000 lines each
+
+
+class Framed(Sequence[str]):
+    """The sentences `prefix + value + suffix`, one per value: a batch whose lines differ in one
+    value only. Read one by one they are built as they are read; the formatters here render the
+    whole batch with one join instead."""
+
+    __slots__ = ("prefix", "suffix", "values")
+
+    def __init__(self, prefix: str, values: Sequence[str], suffix: str) -> None:
+        self.prefix, self.values, self.suffix = prefix, values, suffix
+
+    @classmethod
+    def of(cls, template: str, field: str, values: Sequence[str], **parts: str) -> Framed:
+        """`template` with `{<field>}` taking each of `values` and the other `{...}` `parts`."""
+        prefix, found, suffix = template.partition("{" + field + "}")
+        if not found:
+            raise ValueError(f"{template!r} has no {{{field}}}")
+        return cls(prefix.format(**parts), values, suffix.format(**parts))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return Framed(self.prefix, self.values[index], self.suffix)
+        return self.prefix + self.values[index] + self.suffix
+
+    def __iter__(self) -> Iterator[str]:
+        prefix, suffix = self.prefix, self.suffix
+        return (prefix + value + suffix for value in self.values)
+
+    def render(self, head: str, tail: str = "") -> str:
+        """Every sentence between `head` and `tail`, a line each."""
+        start = head + self.prefix
+        end = self.suffix + tail
+        return start + (end + "\n" + start).join(self.values) + end
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +131,8 @@ class TextFormatter(logging.Formatter):
             return super().format(record)
         # Every line of a batch shares its record's time, level and logger: format them once.
         prefix = f"{self.formatTime(record)} {record.levelname:<7} {record.name}: "
+        if type(lines.messages) is Framed:
+            return lines.messages.render(prefix)
         return "\n".join(prefix + message for message in lines.messages)
 
 
@@ -124,6 +170,15 @@ def _json_lines(head: Mapping[str, Any], lines: Lines) -> str:
             for i, m in enumerate(lines.messages)
         )
     key = ", " + json.dumps(name) + ": "
+    framed = lines.messages
+    if type(framed) is Framed and framed.values is values and _plain(values):
+        # The sentence and the field hold the value as it is, so a line is: `start` and the
+        # quoted prefix, the value, the quoted suffix and the key, the value, `rest`. Quoting
+        # escapes character by character: the quoted parts put together are the quoted whole.
+        first = start + _quote(framed.prefix)[:-1]
+        middle = _quote(framed.suffix)[1:-1] + '"' + key + '"'
+        last = '"' + rest
+        return first + (last + "\n" + first).join([v + middle + v for v in values]) + last
     return "\n".join(
         start
         + _quote(m)
@@ -132,6 +187,15 @@ def _json_lines(head: Mapping[str, Any], lines: Lines) -> str:
         + rest
         for m, v in zip(lines.messages, values, strict=True)
     )
+
+
+def _plain(values: Sequence[Any]) -> bool:
+    """Whether every value is a str that JSON holds as it is, with no character escaped."""
+    try:
+        joined = "".join(values)
+    except TypeError:
+        return False
+    return len(_quote(joined)) == len(joined) + 2
 
 
 class _Enqueue(logging.handlers.QueueHandler):

@@ -9,6 +9,7 @@ import logging.config
 import sys
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 
@@ -103,6 +104,42 @@ def test_a_foreign_formatter_still_gets_every_sentence() -> None:
         "[StreamReclaim] Reclaimed 0-0 on s: a-0 -> b-0",
         "[StreamReclaim] Reclaimed 1-0 on s: a-0 -> b-0",
     ]
+
+
+@pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
+@pytest.mark.parametrize("ids", [["1-0", "2-0", "3-0"], ["1-0", 'x"\\\u00e9\U0001f600\n-0']])
+def test_framed_sentences_render_exactly_as_listed_ones(
+    formatter: type[logging.Formatter], ids: list[str]
+) -> None:
+    prefix, suffix = "[StreamReclaim] Reclaimed ", ' on s%s: a-0 -> "b-0"'
+    common = {"stream": "s", "fromConsumer": "a-0", "reason": "down"}
+    framed = logs.Framed(prefix, ids, suffix)
+    listed = [prefix + i + suffix for i in ids]
+    assert list(framed) == listed and len(framed) == len(ids) and framed[-1] == listed[-1]
+    assert list(framed[1:]) == listed[1:]
+
+    def render(messages: Sequence[str]) -> str:
+        lines = logs.Lines(messages, common, ("entryId", ids))
+        record = logging.LogRecord("t", logging.INFO, "", 0, "%s", (lines,), None)
+        record.rig_lines = lines
+        record.created, record.msecs = 1_764_000_000.25, 250.0  # the same time for both
+        return formatter().format(record)
+
+    assert render(framed) == render(listed)
+    assert len(render(framed).splitlines()) == len(ids) + ("\n" in "".join(ids)) * (
+        formatter is logs.TextFormatter
+    )
+
+
+def test_framed_of_a_template_fills_the_parts_once_and_the_field_per_line() -> None:
+    framed = logs.Framed.of(logs.RECLAIMED, "entryId", ["1-0", "2-0"], stream="s{x}",
+                            fromConsumer="a-0", toConsumer="b-0")  # fmt: skip
+    assert list(framed) == [
+        "[StreamReclaim] Reclaimed 1-0 on s{x}: a-0 -> b-0",
+        "[StreamReclaim] Reclaimed 2-0 on s{x}: a-0 -> b-0",
+    ]
+    with pytest.raises(ValueError, match=r"no \{dlqId\}"):
+        logs.Framed.of(logs.RECLAIMED, "dlqId", ["1-0"])
 
 
 class _SlowStream(io.StringIO):

@@ -285,6 +285,7 @@ async def _record(
         "reason": REASON,
         "by": caller.who,
     }
-    tail = f" on {stream}: {owner} -> {target}"
-    sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in ids]
+    sentences = logs.Framed.of(
+        logs.RECLAIMED, "entryId", ids, stream=stream, fromConsumer=owner, toConsumer=target
+    )
     logs.log_lines(reclaim_log, logging.INFO, logs.Lines(sentences, common, ("entryId", ids)))

@@ -24,6 +24,10 @@ from rig_conductor.reaper import moves
 # The log lines keep the logger name they always had: operators filter on it.
 logger = logging.getLogger("rig_conductor.reaper.cycle")
 
+WOULD_RECLAIM = (
+    "[StreamReclaim] DRY RUN: would reclaim {entryId} on {stream}: {fromConsumer} -> {toConsumer}"
+    " ({reason})"
+)
 LOG_PAGE = 1_000  # moved entries per log record and per RECLAIMED row
 RECORD_BATCH = 20_000  # moved entries per write to PostgreSQL while a sweep goes on
 
@@ -117,10 +121,11 @@ def _log_moved(
         "toAgent": agents.get(target),
         "reason": rule.reason,
     }
-    tail = f" on {stream}: {owner} -> {target}"
     for start in range(0, len(ids), LOG_PAGE):
         batch = ids[start : start + LOG_PAGE]
-        sentences = [f"[StreamReclaim] Reclaimed {entry_id}{tail}" for entry_id in batch]
+        sentences = logs.Framed.of(
+            logs.RECLAIMED, "entryId", batch, stream=stream, fromConsumer=owner, toConsumer=target
+        )
         logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
 
 
@@ -251,10 +256,8 @@ def log_would_move(
     if not logger.isEnabledFor(logging.INFO):
         return
     reason = assessment.rules[owner].reason
-    tail = f" on {assessment.stream}: {owner} -> {target} ({reason})"
+    parts = {"stream": assessment.stream, "fromConsumer": owner, "toConsumer": target}
     for start in range(0, len(ids), LOG_PAGE):
         batch = ids[start : start + LOG_PAGE]
-        sentences = [
-            f"[StreamReclaim] DRY RUN: would reclaim {entry_id}{tail}" for entry_id in batch
-        ]
+        sentences = logs.Framed.of(WOULD_RECLAIM, "entryId", batch, reason=reason, **parts)
         logs.log_lines(logger, logging.INFO, logs.Lines(sentences, {"reason": reason}))
