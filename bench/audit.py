@@ -181,6 +181,8 @@ def main() -> int:
     if args.quick:
         args.sizes, args.masters = "200000", "local[2]"
     args.jar = Path(os.environ.get(session.JDBC_JAR_ENV) or session.DEFAULT_JDBC_JAR)
+    if not os.environ.get(session.JDBC_JAR_ENV):  # Debian's driver, where CI installs it
+        harness.ensure_installed("libpostgresql-jdbc-java", args.jar.is_file)
     if not args.jar.is_file():
         raise BenchError(f"no JDBC driver at {args.jar} (set {session.JDBC_JAR_ENV})")
     with harness.servers(DEFAULT_REDIS, DEFAULT_DATABASE) as found:

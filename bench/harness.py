@@ -11,6 +11,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -396,6 +397,17 @@ def peaks(read: Callable[[], Sequence[float]], every: float) -> Iterator[list[fl
     finally:
         done.set()
         sampler.join()
+
+
+def ensure_installed(package: str, present: Callable[[], bool]) -> None:
+    """Debian's `package`, installed with apt-get while `present()` is false, as in CI."""
+    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", package]):
+        if present() or not shutil.which("apt-get"):
+            break
+        print(f"{package} not found: {' '.join(command)}", flush=True)
+        subprocess.run(command, capture_output=True, check=False, timeout=600)
+    if not present():
+        raise BenchError(f"{package} is needed: apt-get install {package}")
 
 
 def free_port() -> int:

@@ -60,16 +60,6 @@ class Load:
         return self.requests / self.seconds
 
 
-def ensure_wrk() -> None:
-    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "wrk"]):
-        if shutil.which("wrk") or not shutil.which("apt-get"):
-            break
-        print(f"wrk not found: {' '.join(command)}", flush=True)
-        subprocess.run(command, capture_output=True, check=False, timeout=600)
-    if not shutil.which("wrk"):
-        raise BenchError("wrk is needed: apt-get install wrk")
-
-
 def wrk(url: str, script: Path, connections: int, seconds: float) -> Load:
     command = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script)]
     done = subprocess.run([*command, url], capture_output=True, text=True, check=False)
@@ -159,7 +149,7 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    ensure_wrk()
+    harness.ensure_installed("wrk", lambda: shutil.which("wrk") is not None)
     with harness.servers() as found, tempfile.TemporaryDirectory(prefix="rig-ingest-") as tmp:
         print(
             f"rig-conductor heartbeat ingest: serve vs a no-op endpoint, wrk, {args.connections} "
