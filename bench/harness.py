@@ -67,8 +67,7 @@ class BenchError(RuntimeError):
 
 
 def run(main: Coroutine[Any, Any, int] | Callable[[], int]) -> int:
-    """The exit code of `main` (a coroutine is run by asyncio.run, a function called); a
-    BenchError is one line on stderr and exit 1."""
+    """`main`'s exit code (a coroutine is run, a function called); a BenchError: exit 1."""
     try:
         return asyncio.run(main) if isinstance(main, Coroutine) else main()
     except BenchError as exc:
@@ -167,8 +166,7 @@ class Stores:
 
 @contextlib.asynccontextmanager
 async def stores(title: str) -> AsyncIterator[Stores]:
-    """The servers and clients of them, named with their versions under `title`; both emptied at
-    the end. The Redis database is FLUSHed: give the benchmarks a database of their own."""
+    """Clients of the servers, named under `title`; both emptied (FLUSHDB) at the end."""
     with servers() as found:
         redis = redis_streams.connect(found.redis_url)
         bench = Stores(found, redis, pg_engine.create_engine(found.database_url))
@@ -433,8 +431,7 @@ def wait_ready(child: subprocess.Popen[bytes], ready_url: str) -> None:
 def process(
     command: Sequence[str], env: dict[str, str], ready_url: str, log: IO[bytes] | int
 ) -> Iterator[None]:
-    """A server process until the block ends, once `ready_url` answers 200; then SIGTERM
-    (SIGKILL after 40 s: `serve` drains for up to 30 s)."""
+    """A server process, once `ready_url` answers 200, until SIGTERM (SIGKILL 40 s later)."""
     child = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )

@@ -37,21 +37,13 @@ async def reap_here(
     stores: Stores, stream: str, agent_ids: str, stale_ms: int
 ) -> tuple[ScanReport, float]:
     """`reap_once` called in this process: its report and seconds."""
+    servers = {"redis_url": stores.servers.redis_url, "database_url": stores.servers.database_url}
+    settings = Settings(
+        **servers, streams=(stream,), agent_ids=tuple(agent_ids.split(",")), tenant=TENANT,
+        entry_stale_ms=stale_ms, agent_down_ms=AGENT_DOWN_MS, dry_run=False,
+    )  # fmt: skip
     started = time.perf_counter()
-    report = await reap_once(
-        redis=stores.redis,
-        engine=stores.engine,
-        settings=Settings(
-            redis_url=stores.servers.redis_url,
-            database_url=stores.servers.database_url,
-            streams=(stream,),
-            agent_ids=tuple(agent_ids.split(",")),
-            entry_stale_ms=stale_ms,
-            agent_down_ms=AGENT_DOWN_MS,
-            tenant=TENANT,
-            dry_run=False,
-        ),
-    )
+    report = await reap_once(redis=stores.redis, engine=stores.engine, settings=settings)
     return report, time.perf_counter() - started
 
 
@@ -121,21 +113,27 @@ async def reap_in_process(stores: Stores, shape: Shape) -> float:
     return report.reclaimed / seconds
 
 
-async def measure_shape(stores: Stores, shape: Shape) -> None:
+async def measure_shape(stores: Stores, shape: Shape, runs: int) -> None:
     print(f"\n{shape}: {shape.stale:,} stale entries", flush=True)
     loop = await autoclaim_loop(stores, shape)
     row("XAUTOCLAIM COUNT 10 loop (baseline)", loop)
     floor = await claim_floor(stores, shape)
     note = "(Redis's own cost of the moves: no discovery, no log)"
     row("XCLAIM JUSTID of known ids, pipelined", floor, loop, note)
-    for log_format in ("text", "json"):
-        run, report = await reap_cli(stores, shape, log_format)
-        rate = shape.stale / run.seconds
+    done: dict[str, list[tuple[CliRun, Any]]] = {"text": [], "json": []}
+    for _ in range(runs):  # the formats alternate: a slow spell of the machine hits both
+        for log_format, results in done.items():
+            results.append(await reap_cli(stores, shape, log_format))
+    for log_format, results in done.items():
+        results.sort(key=lambda result: result[0].seconds)
+        run, report = results[len(results) // 2]  # the median run (of an even count, the slower)
+        rate, rss = shape.stale / run.seconds, max(r.rss_mb for r, _ in results)
         checks = {"entries/s": rate >= GOAL_RATE, "ratio": rate / loop >= GOAL_RATIO}
-        checks["RSS"] = run.rss_mb < GOAL_RSS_MB
-        missed = [name for name, ok in checks.items() if not ok]
+        missed = [name for name, ok in checks.items() if not ok] + ["RSS"] * (rss >= GOAL_RSS_MB)
         goals = "MISSED: " + ", ".join(missed) if missed else "met"
-        rest = f"{run.seconds:6.2f} s  peak RSS {run.rss_mb:4.0f} MB  {run.lines:,} lines"
+        rates = [shape.stale / r.seconds for r, _ in results]
+        spread = f"  median of {runs}: {rates[-1]:,.0f}-{rates[0]:,.0f}/s" if runs > 1 else ""
+        rest = f"{run.seconds:5.2f} s  peak RSS {rss:4.0f} MB  {run.lines:,} lines{spread}"
         row(f"reap --once, INFO, {log_format} log", rate, loop, f"{rest}  goals {goals}")
         for phase, ms in (report.get("phasesMs") or {}).items():
             print(f"      {phase:<34} {ms * 1000 / shape.stale:7.2f} µs/entry")
@@ -182,7 +180,7 @@ async def main(args: argparse.Namespace) -> int:
     title = "rig-conductor reclaim as users run it: reap --once, INFO, stderr through a pipe"
     async with harness.stores(title) as stores:
         for shape in args.shapes:
-            await measure_shape(stores, shape)
+            await measure_shape(stores, shape, args.runs)
         print(
             f"\ngoals per reap --once: >= {GOAL_RATE:,} entries/s, >= {GOAL_RATIO:g}x the loop, "
             f"peak RSS < {GOAL_RSS_MB} MB (the whole command, start-up included)"
@@ -195,11 +193,16 @@ async def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50000/50, quiet 1,000 / 100,000")
+    parser.add_argument("--runs", type=int, help="reap --once runs per format: 3 (the median)")
     parser.add_argument("--shapes", help="E/C+S,... (200000/200+1,1000000/1000+1)")
     parser.add_argument("--quiet-consumers", type=int, help="10,000 (0: skip the quiet scan)")
     parser.add_argument("--quiet-pending", type=int, help="the big quiet case (1,000,000)")
     args = harness.options(
-        parser, shapes=SHAPES, quiet_consumers=(10_000, 1_000), quiet_pending=(1_000_000, 100_000)
+        parser,
+        shapes=SHAPES,
+        runs=(3, 1),
+        quiet_consumers=(10_000, 1_000),
+        quiet_pending=(1_000_000, 100_000),
     )
     args.shapes = [Shape.parse(spec) for spec in args.shapes.split(",")]
     sys.exit(harness.run(main(args)))
