@@ -8,11 +8,11 @@ costs more than the moves (a record, a formatter call, a flush and a write per l
 `log_lines` sends a page of lines as one record: the formatters here render it as one line
 per entry, each exactly as a record of its own would read, and the handler writes the page at
 once. A page whose lines differ in one value only (`Framed`: the entry id of a move) is
-rendered with one join, not a line at a time. `configure` puts a bounded queue in front of stderr: the scan enqueues, a thread formats
-and writes. A slow stderr slows the scan to its pace (the queue holds at most QUEUE_RECORDS
-records, so memory stays flat at any volume); a closed one costs nothing; one that takes nothing
-for STALL_S (a full pipe nobody reads) is given up on, its lines dropped, and never stalls a
-scan or the exit for longer.
+rendered with one join, not a line at a time. `configure` puts a bounded queue in front of
+stderr: the scan enqueues, a thread formats and writes. A slow stderr slows the scan to its
+pace (the queue holds at most QUEUE_RECORDS records, so memory stays flat at any volume); a
+closed one costs nothing; one that takes nothing for STALL_S (a full pipe nobody reads) is
+given up on, its lines dropped, and never stalls a scan or the exit for longer.
 """
 
 from __future__ import annotations
