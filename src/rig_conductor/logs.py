@@ -83,11 +83,10 @@ class Framed(Sequence[str]):
         prefix, suffix = self.prefix, self.suffix
         return (prefix + value + suffix for value in self.values)
 
-    def render(self, head: str, tail: str = "") -> str:
-        """Every sentence between `head` and `tail`, a line each."""
+    def render(self, head: str) -> str:
+        """Every sentence after `head`, a line each."""
         start = head + self.prefix
-        end = self.suffix + tail
-        return start + (end + "\n" + start).join(self.values) + end
+        return start + (self.suffix + "\n" + start).join(self.values) + self.suffix
 
 
 @dataclass(frozen=True, slots=True)
