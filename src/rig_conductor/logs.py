@@ -60,7 +60,7 @@ class Framed(Sequence[str]):
         self.prefix, self.values, self.suffix = prefix, values, suffix
 
     @classmethod
-    def of(cls, template: str, field: str, values: Sequence[str], **parts: str) -> Framed:
+    def of(cls, template: str, field: str, values: Sequence[str], **parts: object) -> Framed:
         """`template` with `{<field>}` taking each of `values` and the other `{...}` `parts`."""
         prefix, found, suffix = template.partition("{" + field + "}")
         if not found:
@@ -100,6 +100,15 @@ class Lines:
 
     def __str__(self) -> str:  # what a formatter that does not know batches shows
         return "\n".join(self.messages)
+
+    @classmethod
+    def filled(
+        cls, template: str, field: str, values: Sequence[str], common: Mapping[str, Any]
+    ) -> Lines:
+        """A line per value: `template` with `{<field>}` taken by the value and its other
+        `{...}` by the fields `common`, which every line also carries; the value is the line's
+        `field` field too."""
+        return cls(Framed.of(template, field, values, **common), common, (field, values))
 
     def fields(self, index: int) -> dict[str, Any]:
         fields = dict(self.common)

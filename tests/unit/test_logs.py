@@ -142,6 +142,16 @@ def test_framed_of_a_template_fills_the_parts_once_and_the_field_per_line() -> N
         logs.Framed.of(logs.RECLAIMED, "dlqId", ["1-0"])
 
 
+def test_filled_lines_take_the_template_parts_from_the_common_fields() -> None:
+    common = {"stream": "s", "fromConsumer": "a-0", "toConsumer": "b-0", "toAgent": None}
+    lines = logs.Lines.filled(logs.RECLAIMED, "entryId", ["1-0", "2-0"], common)
+    assert list(lines.messages) == [
+        "[StreamReclaim] Reclaimed 1-0 on s: a-0 -> b-0",
+        "[StreamReclaim] Reclaimed 2-0 on s: a-0 -> b-0",
+    ]
+    assert lines.common == common and lines.fields(1) == {**common, "entryId": "2-0"}
+
+
 class _SlowStream(io.StringIO):
     """A stderr that takes a while per write, recording how many records were queued then."""
 

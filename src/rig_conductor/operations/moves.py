@@ -285,7 +285,5 @@ async def _record(
         "reason": REASON,
         "by": caller.who,
     }
-    sentences = logs.Framed.of(
-        logs.RECLAIMED, "entryId", ids, stream=stream, fromConsumer=owner, toConsumer=target
-    )
-    logs.log_lines(reclaim_log, logging.INFO, logs.Lines(sentences, common, ("entryId", ids)))
+    lines = logs.Lines.filled(logs.RECLAIMED, "entryId", ids, common)
+    logs.log_lines(reclaim_log, logging.INFO, lines)

@@ -110,10 +110,9 @@ def _log_moved(
 ) -> None:
     if not logger.isEnabledFor(logging.INFO):
         return
-    stream = assessment.stream
     rule = assessment.rules[owner]
     common = {
-        "stream": stream,
+        "stream": assessment.stream,
         "group": assessment.group,
         "fromConsumer": owner,
         "toConsumer": target,
@@ -123,10 +122,8 @@ def _log_moved(
     }
     for start in range(0, len(ids), LOG_PAGE):
         batch = ids[start : start + LOG_PAGE]
-        sentences = logs.Framed.of(
-            logs.RECLAIMED, "entryId", batch, stream=stream, fromConsumer=owner, toConsumer=target
-        )
-        logs.log_lines(logger, logging.INFO, logs.Lines(sentences, common, ("entryId", batch)))
+        lines = logs.Lines.filled(logs.RECLAIMED, "entryId", batch, common)
+        logs.log_lines(logger, logging.INFO, lines)
 
 
 def _reclaim_rows(
