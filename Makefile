@@ -3,7 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: docs docs-serve docs-ref install run test test-unit test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
+RUNS ?= 10
+
+.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -28,6 +30,14 @@ test-install: install
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit
+
+## The unit and integration tiers alone (CI runs them against the machine's servers too).
+test-servers: install
+	$(BIN)/python -m pytest tests/unit tests/integration
+
+## Flake hunt: the end-to-end and topology tiers RUNS times in a row (default 10), every failure listed.
+flake: install
+	scripts/flake.sh $(RUNS)
 
 lint: install
 	$(BIN)/ruff check src tests bench migrations scripts

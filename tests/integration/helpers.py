@@ -8,10 +8,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 from redis.asyncio import Redis
@@ -68,15 +70,37 @@ def free_port() -> int:
 
 @dataclass
 class Conductor:
+    """A `rig-conductor serve` process. Its output goes to files, never to a pipe: a pipe that
+    nobody reads fills up and stalls the conductor's logging, and with it the conductor."""
+
     url: str
-    process: subprocess.Popen[str]
-    stdout: str = ""
-    stderr: str = ""
+    process: subprocess.Popen[bytes]
+    directory: Path
+    # What it wrote, kept once it has stopped and its directory is gone.
+    final: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def stdout(self) -> str:
+        return self._output("stdout")
+
+    @property
+    def stderr(self) -> str:
+        """Everything it has logged so far (and all of it once the context has exited)."""
+        return self._output("stderr")
+
+    def _output(self, name: str) -> str:
+        if name in self.final:
+            return self.final[name]
+        return (self.directory / name).read_text(errors="replace")
+
+
+STOP_TIMEOUT_S = 30.0
 
 
 @asynccontextmanager
 async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[Conductor]:
-    """`rig-conductor serve` as a process, ready when yielded; SIGTERM and collected on exit."""
+    """`rig-conductor serve` as a process, ready when yielded; SIGTERM on exit, SIGKILL if it
+    has not stopped in time, and collected either way, whether the test passed or not."""
     port = free_port()
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     environment.update(
@@ -86,30 +110,42 @@ async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[
         RIG_HTTP_PORT=str(port),
         **env,
     )
-    process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
-        [sys.executable, "-m", "rig_conductor", "serve"],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    conductor = Conductor(f"http://127.0.0.1:{port}", process)
+    with tempfile.TemporaryDirectory(prefix="rig-serve-") as scratch:
+        directory = Path(scratch)
+        with (directory / "stdout").open("wb") as out, (directory / "stderr").open("wb") as err:
+            process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
+                [sys.executable, "-m", "rig_conductor", "serve"],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+            )
+        conductor = Conductor(f"http://127.0.0.1:{port}", process, directory)
+        try:
+            async with httpx.AsyncClient(base_url=conductor.url) as client:
+
+                async def ready() -> bool:
+                    if process.poll() is not None:
+                        raise AssertionError(
+                            f"serve exited with {process.returncode}: {conductor.stderr[-3000:]}"
+                        )
+                    try:
+                        return (await client.get("/readyz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await wait_for(ready, within=30)
+            yield conductor
+        finally:
+            await asyncio.to_thread(_stop, process)
+            conductor.final = {"stdout": conductor.stdout, "stderr": conductor.stderr}
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
     try:
-        async with httpx.AsyncClient(base_url=conductor.url) as client:
-
-            async def ready() -> bool:
-                if process.poll() is not None:
-                    raise AssertionError(f"serve exited with {process.returncode}")
-                try:
-                    return (await client.get("/readyz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-
-            await wait_for(ready, within=30)
-        yield conductor
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        conductor.stdout, conductor.stderr = await asyncio.to_thread(
-            process.communicate, timeout=30
-        )
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

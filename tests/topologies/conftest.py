@@ -14,9 +14,17 @@ from rig_conductor.adapters import redis_client
 from rig_conductor.adapters.redis_access import AGENT_ACL, CONDUCTOR_ACL
 from rig_conductor.settings import Settings
 
-from .servers import Cluster, SentinelSet, Server, TlsServer, client, redis_args, wait_until
+from .servers import (
+    Cluster,
+    SentinelSet,
+    Server,
+    TlsServer,
+    client,
+    free_ports,
+    redis_args,
+    wait_until,
+)
 
-ACL_PORT = 7400
 PASSWORD = "s3cret-acl"
 
 
@@ -58,23 +66,24 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
 def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     """A standalone server with the conductor's and the agent's ACL users, exactly as the README
     documents them, and the default user switched off."""
-    server = Server(ACL_PORT, Path(tmp_path_factory.mktemp("acl")), redis_args(ACL_PORT)).start()
+    (port,) = free_ports(1)
+    server = Server(port, Path(tmp_path_factory.mktemp("acl")), redis_args(port)).start()
     try:
-        wait_until(lambda: client(ACL_PORT).ping(), what="ACL server")
-        admin = client(ACL_PORT)
+        wait_until(lambda: client(port).ping(), what="ACL server")
+        admin = client(port)
         admin.execute_command("ACL", "SETUSER", "admin", "on", f">{PASSWORD}", "~*", "&*", "+@all")
         admin.execute_command(
             "ACL", "SETUSER", "rig-conductor", *CONDUCTOR_ACL.split(), f">{PASSWORD}"
         )
         admin.execute_command("ACL", "SETUSER", "rig-agent", *AGENT_ACL.split(), f">{PASSWORD}")
         admin.execute_command("ACL", "SETUSER", "default", "off")
-        yield ACL_PORT
+        yield port
     finally:
         server.kill()
 
 
-def acl_admin() -> Any:
-    return client(ACL_PORT, username="admin", password=PASSWORD)
+def acl_admin(port: int) -> Any:
+    return client(port, username="admin", password=PASSWORD)
 
 
 @pytest.fixture
@@ -155,7 +164,7 @@ def tls_envs(tls_env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
 
 @pytest.fixture
 def acl_envs(acl_server: int) -> tuple[dict[str, str], dict[str, str]]:
-    acl_admin().flushall()
+    acl_admin(acl_server).flushall()
     base = f"127.0.0.1:{acl_server}/0"
     return (
         {"RIG_REDIS_URL": f"redis://rig-conductor:{PASSWORD}@{base}"},

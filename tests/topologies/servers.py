@@ -5,7 +5,8 @@
 - `TlsServer`: one server speaking TLS only, with a CA and certificates made here.
 
 Every server runs in the foreground as a child process with its files in a temporary
-directory, and is killed when the harness closes. Nothing is persisted (`--save ""`).
+directory, and is killed when the harness closes. Nothing is persisted (`--save ""`). Every
+port is a free one, asked of the kernel: two runs on one machine never collide.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,15 @@ def require_binaries(*names: str) -> None:
 def port_free(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports free on 127.0.0.1: all held open at once, so none repeats."""
+    with ExitStack() as held:
+        probes = [held.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind(("127.0.0.1", 0))
+        return [probe.getsockname()[1] for probe in probes]
 
 
 def wait_until(check: Any, *, within: float = START_TIMEOUT_S, what: str = "") -> None:
@@ -104,25 +115,30 @@ def client(port: int, **options: Any) -> redis.Redis:
 
 @dataclass
 class Cluster:
-    """Three primaries, each with one replica, on `base`..`base+5`."""
+    """Three primaries, each with one replica, on six free ports (and six more for the bus)."""
 
     root: Path
-    base: int = 7100
+    ports: list[int] = field(default_factory=list)
+    # Redis's default bus port is the port + 10000, which nothing reserved for us.
+    bus_ports: list[int] = field(default_factory=list)
     servers: list[Server] = field(default_factory=list)
 
-    @property
-    def ports(self) -> list[int]:
-        return [self.base + n for n in range(6)]
+    def __post_init__(self) -> None:
+        if not self.ports:
+            ports = free_ports(12)
+            self.ports, self.bus_ports = ports[:6], ports[6:]
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.base}"
+        return f"redis://127.0.0.1:{self.ports[0]}"
 
     def start(self) -> Cluster:
         require_binaries(REDIS_SERVER, REDIS_CLI)
-        for port in self.ports:
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
             args = redis_args(
                 port,
+                "--cluster-port",
+                str(bus_port),
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
@@ -235,20 +251,26 @@ class Cluster:
 
 @dataclass
 class SentinelSet:
-    """A master on `base`, its replica on `base+1`, sentinels on `base+10`..`base+12`."""
+    """A master, its replica and three sentinels watching them, each on a free port."""
 
     root: Path
-    base: int = 7200
     master_name: str = "mymaster"
+    data_ports: list[int] = field(default_factory=list)
+    sentinel_ports: list[int] = field(default_factory=list)
     servers: list[Server] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.data_ports:
+            ports = free_ports(5)
+            self.data_ports, self.sentinel_ports = ports[:2], ports[2:]
 
     @property
     def sentinels(self) -> str:
-        return ",".join(f"127.0.0.1:{self.base + 10 + n}" for n in range(3))
+        return ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
 
     def start(self) -> SentinelSet:
         require_binaries(REDIS_SERVER)
-        master, replica = self.base, self.base + 1
+        master, replica = self.data_ports
         self.servers.append(Server(master, self.root / str(master), redis_args(master)).start())
         self.servers.append(
             Server(
@@ -258,8 +280,7 @@ class SentinelSet:
             ).start()
         )
         wait_until(lambda: client(replica).info("replication")["master_link_status"] == "up")
-        for n in range(3):
-            port = self.base + 10 + n
+        for port in self.sentinel_ports:
             directory = self.root / str(port)
             directory.mkdir(parents=True, exist_ok=True)
             config = directory / "sentinel.conf"
@@ -272,8 +293,7 @@ class SentinelSet:
             )
             args = [REDIS_SERVER, str(config), "--sentinel"]
             self.servers.append(Server(port, directory, args).start())
-        for n in range(3):
-            port = self.base + 10 + n
+        for port in self.sentinel_ports:
             wait_until(
                 lambda p=port: client(p).execute_command(
                     "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
@@ -283,7 +303,7 @@ class SentinelSet:
         return self
 
     def master_port(self) -> int:
-        host_port = client(self.base + 10).execute_command(
+        host_port = client(self.sentinel_ports[0]).execute_command(
             "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
         )
         return int(host_port[1])
@@ -311,10 +331,10 @@ class SentinelSet:
 
 @dataclass
 class TlsServer:
-    """One server on `port` speaking TLS only, with client certificates optional."""
+    """One server on a free port speaking TLS only, with client certificates optional."""
 
     root: Path
-    port: int = 7300
+    port: int = field(default_factory=lambda: free_ports(1)[0])
     server: Server | None = None
 
     @property

@@ -12,6 +12,7 @@ import pytest
 
 from rig_conductor.adapters import redis_access, redis_client
 from rig_conductor.adapters.redis_access import CONDUCTOR_ACL
+from tests.integration.helpers import free_port
 
 from .conftest import PASSWORD, acl_admin, env_settings
 from .servers import Cluster, TlsServer
@@ -34,15 +35,17 @@ def run(command: str, env: dict[str, str], database_url: str) -> subprocess.Comp
 @pytest.fixture
 def user_without_xclaim(acl_server: int) -> Iterator[str]:
     rules = CONDUCTOR_ACL.replace("+xclaim ", "")
-    acl_admin().execute_command("ACL", "SETUSER", "no-xclaim", *rules.split(), f">{PASSWORD}")
+    acl_admin(acl_server).execute_command(
+        "ACL", "SETUSER", "no-xclaim", *rules.split(), f">{PASSWORD}"
+    )
     yield f"redis://no-xclaim:{PASSWORD}@127.0.0.1:{acl_server}/0"
-    acl_admin().execute_command("ACL", "DELUSER", "no-xclaim")
+    acl_admin(acl_server).execute_command("ACL", "DELUSER", "no-xclaim")
 
 
 def test_a_missing_permission_is_named_at_start(
     user_without_xclaim: str, database_url: str
 ) -> None:
-    env = {"RIG_REDIS_URL": user_without_xclaim, "RIG_HTTP_PORT": "18099"}
+    env = {"RIG_REDIS_URL": user_without_xclaim, "RIG_HTTP_PORT": str(free_port())}
     served = run("serve", env, database_url)
     assert served.returncode == 2, served.stderr[-2000:]
     (line,) = [line for line in served.stderr.splitlines() if "ERROR" in line]
@@ -54,9 +57,9 @@ def test_a_missing_permission_is_named_at_start(
 
 
 async def test_the_documented_rules_pass_every_probe_and_the_probes_change_nothing(
-    acl_envs: tuple[dict[str, str], dict[str, str]], database_url: str
+    acl_server: int, acl_envs: tuple[dict[str, str], dict[str, str]], database_url: str
 ) -> None:
-    admin = acl_admin()
+    admin = acl_admin(acl_server)
     admin.xadd("rig:dispatch", {"issueId": "rc-1"})
     admin.xgroup_create("rig:dispatch", "workers", id="0")
     admin.xadd("rig:dispatch:dlq", {"originalId": "0-1"})
@@ -97,6 +100,7 @@ def test_wrong_password_and_untrusted_certificate_are_told_apart(
         ({"RIG_REDIS_MODE": "bogus"}, "RIG_REDIS_MODE"),
         ({"RIG_REDIS_MODE": "sentinel"}, "RIG_REDIS_SENTINELS"),
         (
+            # Refused before any connection: no server listens there.
             {"RIG_REDIS_MODE": "cluster", "RIG_REDIS_URL": "redis://127.0.0.1:7100/2"},
             "RIG_REDIS_URL",
         ),
@@ -125,7 +129,10 @@ def test_the_documented_rules_with_the_cluster_extra_work_on_a_cluster(
     for server in cluster.servers:
         client(server.port).execute_command("ACL", "SETUSER", "rig-conductor", *rules, ">pw")
     try:
-        env = {**cluster_env, "RIG_REDIS_URL": "redis://rig-conductor:pw@127.0.0.1:7100"}
+        env = {
+            **cluster_env,
+            "RIG_REDIS_URL": f"redis://rig-conductor:pw@127.0.0.1:{cluster.ports[0]}",
+        }
         checked = run("check", env, database_url)
         assert checked.returncode == 0, checked.stderr[-2000:]
         reaped = run("reap --once", env, database_url)
@@ -141,13 +148,13 @@ def test_an_agent_without_a_permission_refuses_to_start_naming_it(
     from rig_conductor.adapters.redis_access import AGENT_ACL
 
     rules = AGENT_ACL.replace("+xreadgroup ", "").split()
-    acl_admin().execute_command("ACL", "SETUSER", "no-read", *rules, f">{PASSWORD}")
+    acl_admin(acl_server).execute_command("ACL", "SETUSER", "no-read", *rules, f">{PASSWORD}")
     try:
         env = {"RIG_REDIS_URL": f"redis://no-read:{PASSWORD}@127.0.0.1:{acl_server}/0"}
         command = "agent --agent-id a --group g --handler tests.e2e.handlers:build"
         done = run(command, env, database_url)
     finally:
-        acl_admin().execute_command("ACL", "DELUSER", "no-read")
+        acl_admin(acl_server).execute_command("ACL", "DELUSER", "no-read")
     assert done.returncode == 2, done.stderr[-2000:]
     (line,) = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert "Refusing to start" in line and "XREADGROUP" in line and "agent" in line

@@ -75,7 +75,11 @@ async def test_a_failover_mid_soak_loses_nothing_and_does_nothing_twice(
                     generation[agent] += 1
                     pods[agent] = fleet.start(agent, f"{agent}-pod-{generation[agent]}")
 
-            await asyncio.gather(dispatcher(), chaos())
+            # A task group: when one side fails, the other is cancelled before the fleet closes,
+            # so no pod is started after the fleet has stopped them all.
+            async with asyncio.TaskGroup() as both:
+                both.create_task(dispatcher())
+                both.create_task(chaos())
             assert failed_over.is_set()
 
             async def all_done() -> bool:
