@@ -5,7 +5,7 @@ only through `scan`."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -15,6 +15,7 @@ from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis_client import AnyRedis, Topology
 from rig_conductor.domain import ConsumerName, PodState
 from rig_conductor.metrics import Metrics
+from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
@@ -37,6 +38,14 @@ class Runtime:
     tokens: roles.Tokens | None = None
     # What Kubernetes last said about each pod (= consumer); None with Kubernetes off.
     pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
+    # The agents consumer names resolve against when a bound credential speaks.
+    known_agents: KnownAgents = field(init=False)
+
+    def __post_init__(self) -> None:
+        bound = self.tokens.bound_agents if self.tokens is not None else frozenset()
+        self.known_agents = KnownAgents(
+            self.engine, tenant=self.settings.tenant, configured=[*self.settings.agent_ids, *bound]
+        )
 
     def servers(self) -> Topology:
         if self.topology is None:

@@ -62,18 +62,40 @@ class IssueAssignedEvent(Wire):
     idempotency_key: Name | None = None
 
 
-class WorkEvent(Wire):
-    type: Literal["WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"]
+Attempt = Annotated[StrictInt, Field(ge=1)]
+
+
+class _WorkFields(Wire):
     agent_id: Name
     stream: Name
     entry_id: EntryIdField
-    consumer: Name | None = None
+    # The consumer the report comes from: only the entry's owner may report on it.
+    consumer: Name
     issue_id: Name | None = None
-    attempt: Annotated[StrictInt, Field(ge=1)] | None = None
     error: Annotated[StrictStr, Field(max_length=4096), AfterValidator(_storable)] | None = None
 
 
-Event = Annotated[HeartbeatEvent | IssueAssignedEvent | WorkEvent, Field(discriminator="type")]
+class WorkStartedEvent(_WorkFields):
+    """From a consumer holding the entry in a pending list; `attempt`, when given, is the
+    attempt it believes current (an older one is fenced)."""
+
+    type: Literal["WORK_STARTED"]
+    attempt: Attempt | None = None
+
+
+class WorkReportEvent(_WorkFields):
+    """From the consumer that owns `attempt`: its start, or the reclaim to it, made it."""
+
+    type: Literal["WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"]
+    attempt: Attempt
+
+
+WorkEvent = WorkStartedEvent | WorkReportEvent
+
+Event = Annotated[
+    HeartbeatEvent | IssueAssignedEvent | WorkStartedEvent | WorkReportEvent,
+    Field(discriminator="type"),
+]
 
 
 class Accepted(Wire):

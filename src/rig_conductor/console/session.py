@@ -61,10 +61,11 @@ def _unb64(text: str) -> bytes:
 
 
 def sign_in(tokens: roles.Tokens, presented: str) -> tuple[Session, str] | None:
-    """A new session and its cookie value for a valid token; None for an unknown one."""
+    """A new session and its cookie value for a valid token; None for an unknown one, and for a
+    token bound to one agent: it may report that agent's events, never use the console."""
     raw = presented.strip().encode()
     caller = tokens.caller(raw)
-    if caller is None:
+    if caller is None or caller.binding is not None:
         return None
     return _issue(caller, _key(tokens, raw))
 

@@ -189,6 +189,15 @@ async def load_evidence(
     )
 
 
+async def agent_ids(engine: AsyncEngine, *, tenant: str) -> list[str]:
+    """Every agent id in the registry (heard from, not yet forgotten)."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(agent_heartbeats.c.agent_id).where(agent_heartbeats.c.tenant == tenant)
+        )
+        return [agent_id for (agent_id,) in rows]
+
+
 async def list_agents(engine: AsyncEngine, *, tenant: str) -> tuple[datetime, list[AgentRow]]:
     """Latest state of every agent with the consumers that heartbeated for it, and `now()`."""
     async with engine.connect() as conn:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events
 from rig_conductor.domain import EntryId, Progress, StreamKey
@@ -80,9 +80,12 @@ class WorkReport:
 
 @dataclass(frozen=True, slots=True)
 class WorkOutcome:
-    accepted: bool  # False: fenced off, the report came from an outdated attempt
-    attempt: int  # the entry's current attempt after this report
+    accepted: bool  # False: fenced off (an outdated attempt), or refused (`refusal`)
+    attempt: int  # the entry's current attempt after this report (0: none was ever started)
     state: str
+    # Why the report was refused without being recorded: it did not come from the consumer
+    # that owns the attempt it names. None for accepted and for fenced reports.
+    refusal: str | None = None
 
 
 _START = text(
@@ -104,34 +107,26 @@ _START = text(
     """
 )
 
+# Finishing and progress apply only to the attempt named, and only from the consumer that
+# owns it: the one whose start (or the reclaim to it) made that attempt.
 _FINISH = text(
     """
-    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt)
-    VALUES (:tenant, :stream, :entry_id, :issue_id, :state, :consumer,
-            COALESCE(CAST(:claimed AS integer), 1))
-    ON CONFLICT (tenant, stream, entry_id) DO UPDATE
-       SET state = EXCLUDED.state, consumer = EXCLUDED.consumer,
-           issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now()
-     WHERE a.state <> 'dead'
-       AND (a.state <> 'done' OR EXCLUDED.state = 'done')
-       AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
+    UPDATE assignments AS a
+       SET state = :state, issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now()
+     WHERE a.tenant = :tenant AND a.stream = :stream AND a.entry_id = :entry_id
+       AND a.attempt = :claimed AND a.consumer = :consumer
+       AND a.state <> 'dead' AND (a.state <> 'done' OR :state = 'done')
     RETURNING attempt, state
     """
 )
 
-
-# Progress restarts the current attempt's deadline (rule 4b); it changes nothing else. An entry
-# with no row yet (progress before any start reached us) gets one for the attempt claimed.
+# Progress restarts the current attempt's deadline (rule 4b); it changes nothing else.
 _PROGRESS = text(
     """
-    INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, consumer, attempt,
-                                  progress_at)
-    VALUES (:tenant, :stream, :entry_id, :issue_id, 'running', :consumer,
-            COALESCE(CAST(:claimed AS integer), 1), now())
-    ON CONFLICT (tenant, stream, entry_id) DO UPDATE
-       SET progress_at = now(), updated_at = now()
-     WHERE a.state NOT IN ('done', 'dead')
-       AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
+    UPDATE assignments AS a SET progress_at = now(), updated_at = now()
+     WHERE a.tenant = :tenant AND a.stream = :stream AND a.entry_id = :entry_id
+       AND a.attempt = :claimed AND a.consumer = :consumer
+       AND a.state NOT IN ('done', 'dead')
     RETURNING attempt, state
     """
 )
@@ -140,9 +135,11 @@ _PROGRESS = text(
 async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -> WorkOutcome:
     """Apply a WORK_* report to the entry's assignment row and append it to the event log.
 
-    WORK_STARTED takes a new attempt. Any report carrying an attempt older than the current one
-    is fenced: the row is left as it is and the event is logged with `fenced = true`, as the
-    audit's evidence of duplicate work. A finished (done or dead) entry is not started again.
+    WORK_STARTED takes a new attempt (the caller has checked that the consumer holds the
+    entry). Any report carrying an attempt older than the current one is fenced: the row is left
+    as it is and the event is logged with `fenced = true`, as the audit's evidence of duplicate
+    work. A finished (done or dead) entry is not started again. A progress or finishing report
+    from a consumer that does not own the attempt it names is refused: nothing is written.
     """
     params = {
         "tenant": tenant,
@@ -161,16 +158,9 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
             state = "done" if report.kind == "WORK_COMPLETED" else "failed"
             row = (await conn.execute(_FINISH, {**params, "state": state})).first()
         if row is None:
-            current = (
-                await conn.execute(
-                    select(assignments.c.attempt, assignments.c.state).where(
-                        assignments.c.tenant == tenant,
-                        assignments.c.stream == report.stream,
-                        assignments.c.entry_id == report.entry_id,
-                    )
-                )
-            ).one()
-            outcome = WorkOutcome(False, current.attempt, current.state)
+            outcome = await _not_applied(conn, tenant, report)
+            if outcome.refusal is not None:
+                return outcome
         else:
             outcome = WorkOutcome(True, row.attempt, row.state)
         attempt = (
@@ -193,6 +183,32 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
             )
         )
     return outcome
+
+
+async def _not_applied(conn: AsyncConnection, tenant: str, report: WorkReport) -> WorkOutcome:
+    """Why a report changed nothing: fenced (an older attempt, or a finished entry), or refused
+    (not from the attempt's owner)."""
+    current = (
+        await conn.execute(
+            select(assignments.c.attempt, assignments.c.state, assignments.c.consumer).where(
+                assignments.c.tenant == tenant,
+                assignments.c.stream == report.stream,
+                assignments.c.entry_id == report.entry_id,
+            )
+        )
+    ).first()
+    if current is None:
+        return WorkOutcome(False, 0, "none", "no attempt of this entry was started")
+    claimed = report.attempt
+    if report.kind == "WORK_STARTED" or claimed is None or claimed < current.attempt:
+        return WorkOutcome(False, current.attempt, current.state)  # fenced
+    if claimed > current.attempt:
+        refusal = f"attempt {claimed} was never made (the current one is {current.attempt})"
+    elif current.consumer != report.consumer:
+        refusal = f"attempt {claimed} belongs to another consumer"
+    else:  # its own current attempt, on a finished entry
+        return WorkOutcome(False, current.attempt, current.state)  # fenced
+    return WorkOutcome(False, current.attempt, current.state, refusal)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,12 +10,14 @@ from typing import Annotated, Any
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from rig_conductor import roles
 from rig_conductor.adapters import redis_reading, redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.adapters.redis_client import node_for
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
+from rig_conductor.operations import reports
 
 logger = logging.getLogger(__name__)
 # How long a dispatch waits for RIG_REDIS_WAIT_REPLICAS replicas before answering 503.
@@ -34,7 +36,12 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": schemas.Accepted | schemas.WorkResult,
         "description": "HEARTBEAT stored, or a work report recorded",
     },
-    409: {"model": schemas.Fenced, "description": "the report's attempt is outdated: fenced off"},
+    403: {"description": "a bound credential speaking for another agent, or dispatching"},
+    409: {
+        "model": schemas.Fenced,
+        "description": "the report's attempt is outdated (fenced off), or the report does not "
+        "come from the entry's owner (refused: nothing recorded)",
+    },
 }
 
 
@@ -56,6 +63,12 @@ def install(app: FastAPI) -> None:
 async def post_event(event: Annotated[schemas.Event, Body()], request: Request) -> Response:
     # The runtime straight from the app, not through Depends: this route takes every heartbeat.
     rt: Runtime = request.app.state.runtime
+    caller: roles.Caller = getattr(request.state, "caller", roles.ANONYMOUS)
+    if caller.binding is not None:
+        refused = await _refusal(event, caller, rt)
+        if refused is not None:
+            logger.warning("Refused %s from %s: %s", event.type, caller.who, refused)
+            return JSONResponse({"detail": refused}, status_code=403)
     if isinstance(event, schemas.HeartbeatEvent):
         return await _heartbeat(event, rt)
     if isinstance(event, schemas.IssueAssignedEvent):
@@ -63,7 +76,22 @@ async def post_event(event: Annotated[schemas.Event, Body()], request: Request) 
     return await _work(event, rt)
 
 
+async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> str | None:
+    """Why a bound credential may not send `event` (contract: "Who may speak for whom")."""
+    assert caller.binding is not None
+    if isinstance(event, schemas.IssueAssignedEvent):
+        return "a credential bound to one agent may not dispatch"
+    return await reports.refusal(
+        rt.known_agents,
+        caller.binding,
+        agent_id=event.agent_id,
+        consumer=event.consumer,
+        work=not isinstance(event, schemas.HeartbeatEvent),
+    )
+
+
 async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
+    rt.known_agents.heard(event.agent_id)
     await rt.heartbeats.submit(
         queries.HeartbeatIn(
             AgentId(event.agent_id),
@@ -154,6 +182,12 @@ async def _append_replicated(
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
+    if isinstance(event, schemas.WorkStartedEvent):
+        not_held = await reports.not_held(
+            rt.redis, stream=event.stream, entry_id=event.entry_id, consumer=event.consumer
+        )
+        if not_held is not None:
+            return _refused(event, not_held, work.WorkOutcome(False, 0, "not-held", not_held))
     outcome = await work.record_work(
         rt.engine,
         tenant=rt.settings.tenant,
@@ -168,6 +202,8 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             error=event.error,
         ),
     )
+    if outcome.refusal is not None:
+        return _refused(event, outcome.refusal, outcome)
     if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED"):
         logger.warning(
             "Fenced %s of %s on %s from %s: attempt %s, current attempt %d (%s)",
@@ -195,3 +231,17 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         accepted=outcome.accepted, attempt=outcome.attempt, state=outcome.state
     )
     return JSONResponse(result.model_dump(by_alias=True), status_code=202)
+
+
+def _refused(event: schemas.WorkEvent, why: str, outcome: work.WorkOutcome) -> JSONResponse:
+    """409 for a report that does not come from the entry's owner: nothing was recorded."""
+    logger.warning(
+        "Refused %s of %s on %s from %s: %s",
+        event.type,
+        event.entry_id,
+        event.stream,
+        event.consumer,
+        why,
+    )
+    body = schemas.Fenced(detail=f"refused: {why}", attempt=outcome.attempt, state=outcome.state)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=409)

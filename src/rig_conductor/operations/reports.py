@@ -1,0 +1,100 @@
+"""What an event may say, by who sent it: the checks behind POST /api/events.
+
+- A bound credential speaks only for itself (`policy.speaking`), against the agents known now.
+- A WORK_STARTED comes from a consumer that holds the entry in a pending list; the other
+  reports come from the consumer that owns the attempt they name (`work.record_work` checks
+  that in the same statement that applies them).
+
+A refused event changes nothing: no heartbeat row, no registry entry, no attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters import redis_holders
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
+from rig_conductor.policy import speaking
+from rig_conductor.policy.agents import AgentIndex
+
+# How stale the registry may be when a bound credential's consumer is resolved: an agent id
+# first heard by another replica is known here this much later at most.
+REGISTRY_MAX_AGE_S = 5.0
+
+
+class KnownAgents:
+    """The agent ids consumer names resolve against (reaper rule 2) while the API runs: the
+    configured ones, those that hold bound tokens, the ones heard here, and the registry in
+    PostgreSQL (what other replicas heard), read again when older than `max_age_s`.
+
+    Only bound credentials ask for the index, so a fleet on unbound tokens never reads it.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        tenant: str,
+        configured: Iterable[str],
+        max_age_s: float = REGISTRY_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._tenant = tenant
+        self._configured = frozenset(AgentId(agent) for agent in configured if agent)
+        self._heard: set[AgentId] = set()
+        self._registry: frozenset[AgentId] = frozenset()
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._read_at: float | None = None
+        self._index: AgentIndex | None = None
+        self._lock = asyncio.Lock()
+
+    def heard(self, agent: str) -> None:
+        """An accepted heartbeat's agent: known at once, without waiting for the next read."""
+        if agent not in self._heard and agent not in self._registry:
+            self._heard.add(AgentId(agent))
+            self._index = None
+
+    async def index(self) -> AgentIndex:
+        if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
+            async with self._lock:
+                if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
+                    registry = await queries.agent_ids(self._engine, tenant=self._tenant)
+                    self._registry = frozenset(map(AgentId, registry))
+                    self._read_at = self._clock()
+                    self._index = None
+        if self._index is None:
+            self._index = AgentIndex(self._configured | self._registry | self._heard)
+        return self._index
+
+
+async def refusal(
+    known: KnownAgents,
+    binding: speaking.Binding,
+    *,
+    agent_id: str,
+    consumer: str | None,
+    work: bool,
+) -> str | None:
+    """Why a bound credential may not send this event (None: it may)."""
+    index = await known.index()
+    return speaking.refusal(binding, agent_id=agent_id, consumer=consumer, work=work, index=index)
+
+
+async def not_held(redis: AnyRedis, *, stream: str, entry_id: str, consumer: str) -> str | None:
+    """Why `consumer` may not start `entry_id` (None: it holds it in a pending list)."""
+    holders = await redis_holders.holders(
+        redis, stream=StreamKey(stream), entry_id=EntryId(entry_id)
+    )
+    if ConsumerName(consumer) in holders:
+        return None
+    if not holders:
+        return f"no consumer holds entry {entry_id} on {stream}: nothing to start"
+    return f"consumer {consumer} does not hold entry {entry_id} on {stream}"
