@@ -95,6 +95,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from rig_conductor.app import create_app
 
+    if (problem := settings.anonymous_problem()) is not None:
+        print(f"rig-conductor: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if (problem := _schema_problem(settings)) is not None:
         logger.error("%s", problem)
         return EXIT_USAGE

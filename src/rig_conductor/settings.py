@@ -31,6 +31,7 @@ _SECRET_FIELDS = frozenset(
 )
 _TOKEN_FIELDS = ("api_tokens", "operator_tokens", "viewer_tokens")
 SESSION_SECRET_MIN = 32
+TOKEN_MIN = 16
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 
@@ -264,22 +265,30 @@ class Settings(RigSettings):
     api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "comma list of bearer tokens (the agents' role); when set, every "
-            "`/api/*` call needs one"
+            "comma list of bearer tokens (the agents' role), each at least 16 characters; when "
+            "set, every `/api/*` call needs one"
         ),
     )
     operator_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "bearer tokens allowed to change things: non-dry scans, dead-letter requeue and "
-            "delete, the console's actions; when set, `RIG_API_TOKENS` alone gets 403 there"
+            "bearer tokens (at least 16 characters) allowed to change things: non-dry scans, "
+            "dead-letter requeue and delete, the console's actions; when set, `RIG_API_TOKENS` "
+            "alone gets 403 there"
         ),
     )
     viewer_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "bearer tokens that may only read: `GET /api/*`, dry-run scans, the console "
-            "without actions"
+            "bearer tokens (at least 16 characters) that may only read: `GET /api/*`, dry-run "
+            "scans, the console without actions"
+        ),
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description=(
+            "with no credential of any kind set, `serve` refuses to start unless this is "
+            "`true`: then the API and the console are open to anyone who reaches them"
         ),
     )
     http_root_path: str = Field(
@@ -316,6 +325,15 @@ class Settings(RigSettings):
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
 
+    @field_validator(*_TOKEN_FIELDS)
+    @classmethod
+    def _long_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        if any(len(token.get_secret_value()) < TOKEN_MIN for token in value):
+            raise ValueError(
+                f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
+            )
+        return value
+
     @field_validator("session_secret", mode="before")
     @classmethod
     def _blank_secret(cls, value: Any) -> Any:
@@ -341,9 +359,22 @@ class Settings(RigSettings):
         return value
 
     @property
-    def any_tokens(self) -> bool:
-        """Whether any role's tokens are set: then every /api call needs one."""
+    def any_credential(self) -> bool:
+        """Whether any way to authenticate is configured (a token of any role): then every /api
+        call needs one, and `serve` may start without RIG_ALLOW_ANONYMOUS. Every kind of
+        credential the conductor accepts belongs in here."""
         return bool(self.api_tokens or self.operator_tokens or self.viewer_tokens)
+
+    def anonymous_problem(self) -> str | None:
+        """Why `serve` must refuse to start with these settings (one line naming
+        RIG_API_TOKENS), or None: some credential is configured, or RIG_ALLOW_ANONYMOUS is."""
+        if self.any_credential or self.allow_anonymous:
+            return None
+        return (
+            "RIG_API_TOKENS: no token of any role is set (RIG_API_TOKENS, RIG_OPERATOR_TOKENS, "
+            "RIG_VIEWER_TOKENS), so the API would be open to anyone; set tokens, or "
+            "RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
+        )
 
     @field_validator("k8s_enabled", mode="before")
     @classmethod

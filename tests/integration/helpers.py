@@ -76,7 +76,9 @@ class Conductor:
 
 @asynccontextmanager
 async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[Conductor]:
-    """`rig-conductor serve` as a process, ready when yielded; SIGTERM and collected on exit."""
+    """`rig-conductor serve` as a process, ready when yielded; SIGTERM and collected on exit.
+
+    Open (RIG_ALLOW_ANONYMOUS) unless `env` sets tokens or says otherwise."""
     port = free_port()
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     environment.update(
@@ -84,8 +86,9 @@ async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[
         RIG_DATABASE_URL=database_url,
         RIG_HTTP_HOST="127.0.0.1",
         RIG_HTTP_PORT=str(port),
-        **env,
+        RIG_ALLOW_ANONYMOUS="true",
     )
+    environment.update(env)
     process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
         [sys.executable, "-m", "rig_conductor", "serve"],
         env=environment,
