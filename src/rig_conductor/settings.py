@@ -5,6 +5,7 @@ Built once in `cli.py` and passed down; nothing else reads the environment for t
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -291,6 +292,14 @@ class Settings(RigSettings):
             "`true`: then the API and the console are open to anyone who reaches them"
         ),
     )
+    forwarded_allow_ips: CommaList = Field(
+        default=(),
+        description=(
+            "comma list of proxy addresses or networks (or `*`) trusted to say who the client "
+            "is in `X-Forwarded-For`; the failed-token throttles count per client; empty: "
+            "no proxy is trusted, the client is the connection's peer"
+        ),
+    )
     http_root_path: str = Field(
         default="",
         description=(
@@ -332,6 +341,25 @@ class Settings(RigSettings):
             raise ValueError(
                 f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
             )
+        return value
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
+                ) from None
         return value
 
     @field_validator("session_secret", mode="before")

@@ -34,6 +34,7 @@ CONTRACT_DEFAULTS = {
     "RIG_OPERATOR_TOKENS": "<0 tokens>",
     "RIG_VIEWER_TOKENS": "<0 tokens>",
     "RIG_ALLOW_ANONYMOUS": False,
+    "RIG_FORWARDED_ALLOW_IPS": (),
     "RIG_HTTP_ROOT_PATH": "",
     "RIG_LOG_FORMAT": "text",
     "RIG_TENANT": "default",
@@ -73,6 +74,7 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RIG_K8S_ENABLED", "FALSE")
     monkeypatch.setenv("RIG_LOG_FORMAT", "json")
     monkeypatch.setenv("RIG_API_TOKENS", "s3cret-token-0123,other-token-01234")
+    monkeypatch.setenv("RIG_FORWARDED_ALLOW_IPS", "10.0.0.0/8, 127.0.0.1,")
     settings = load_settings()
     assert settings.streams == ("rig:dispatch", "assignments:*")
     assert settings.agent_ids == ("review-e", "review-e-codex")
@@ -85,6 +87,7 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         "s3cret-token-0123",
         "other-token-01234",
     ]
+    assert settings.forwarded_allow_ips == ("10.0.0.0/8", "127.0.0.1")
     assert "s3cret" not in repr(settings.describe())
 
 
@@ -117,6 +120,7 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_API_TOKENS", "long-enough-token-1,short", "at least 16 characters"),
         ("RIG_OPERATOR_TOKENS", "fifteen-chars-x", "at least 16 characters"),
         ("RIG_VIEWER_TOKENS", "viewer", "at least 16 characters"),
+        ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.1,proxy.local", "'proxy.local' is not an IP"),
         ("RIG_ALLOW_ANONYMOUS", "sometimes", "valid boolean"),
     ],
 )
