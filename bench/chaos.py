@@ -150,7 +150,8 @@ class Soak:
         # the live agents before it judges anyone by heartbeats that stopped while it was away.
         env |= {"RIG_SCAN_INTERVAL_S": "0.5", "RIG_STARTUP_DELAY_S": "1"}
         env |= {"RIG_DEGRADED_GRACE_MS": "1000", "RIG_ENTRY_DEADLINE_MS": ENTRY_DEADLINE_MS}
-        child = self.spawn(name, ["serve"], RIG_K8S_ENABLED="false", **env)
+        env |= {"RIG_K8S_ENABLED": "false", "RIG_ALLOW_ANONYMOUS": "true"}
+        child = self.spawn(name, ["serve"], **env)
         self.conductors.append(child)
         try:
             await asyncio.to_thread(harness.wait_ready, child.process, f"{self.url}/readyz")

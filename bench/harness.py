@@ -454,6 +454,7 @@ def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Ite
     port = free_port()
     env = {**env, "RIG_HTTP_HOST": "127.0.0.1", "RIG_HTTP_PORT": str(port)}
     env.setdefault("RIG_STARTUP_DELAY_S", "3600")
+    env.setdefault("RIG_ALLOW_ANONYMOUS", "true")  # open unless `env` sets tokens
     url = f"http://127.0.0.1:{port}"
     with process([*COMMAND, "serve"], env, f"{url}/readyz", log):
         yield url

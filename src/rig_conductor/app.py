@@ -87,8 +87,8 @@ def create_app(
             reaper.start()
         if tokens.open:
             logger.warning(
-                "RIG_API_TOKENS, RIG_OPERATOR_TOKENS and RIG_VIEWER_TOKENS are empty: the /api "
-                "routes and the console are open to anyone who can reach them"
+                "RIG_ALLOW_ANONYMOUS: no token of any role is set: the /api routes and the "
+                "console are open to anyone who can reach them, with operator rights"
             )
         try:
             yield

@@ -95,6 +95,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from rig_conductor.app import create_app
 
+    if (problem := settings.anonymous_problem()) is not None:
+        print(f"rig-conductor: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if (problem := _schema_problem(settings)) is not None:
         logger.error("%s", problem)
         return EXIT_USAGE
@@ -130,6 +133,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=settings.http_port,
         log_config=None,  # keep our dictConfig (text or JSON) for uvicorn's records too
         access_log=False,
+        # The client address behind trusted proxies only (X-Forwarded-For): the failed-token
+        # throttles count per client. uvicorn trusts 127.0.0.1 unless told otherwise.
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips) or None,
         lifespan="on",
         timeout_graceful_shutdown=30,
     )

@@ -73,6 +73,7 @@ def run(
                 scan_interval_s=WATCH_SCAN_INTERVAL_S if watch else 1.0,
                 startup_delay_s=0.0,
                 api_tokens=(),
+                allow_anonymous=True,  # the demo is local and open on purpose
                 k8s_enabled="false",
                 log_format=log_format,
             )

@@ -5,6 +5,7 @@ Built once in `cli.py` and passed down; nothing else reads the environment for t
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -31,6 +32,7 @@ _SECRET_FIELDS = frozenset(
 )
 _TOKEN_FIELDS = ("api_tokens", "operator_tokens", "viewer_tokens")
 SESSION_SECRET_MIN = 32
+TOKEN_MIN = 16
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 RedisMode = Literal["standalone", "cluster", "sentinel"]
 
@@ -264,22 +266,38 @@ class Settings(RigSettings):
     api_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "comma list of bearer tokens (the agents' role); when set, every "
-            "`/api/*` call needs one"
+            "comma list of bearer tokens (the agents' role), each at least 16 characters; when "
+            "set, every `/api/*` call needs one"
         ),
     )
     operator_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "bearer tokens allowed to change things: non-dry scans, dead-letter requeue and "
-            "delete, the console's actions; when set, `RIG_API_TOKENS` alone gets 403 there"
+            "bearer tokens (at least 16 characters) allowed to change things: non-dry scans, "
+            "dead-letter requeue and delete, the console's actions; when set, `RIG_API_TOKENS` "
+            "alone gets 403 there"
         ),
     )
     viewer_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
         default=(),
         description=(
-            "bearer tokens that may only read: `GET /api/*`, dry-run scans, the console "
-            "without actions"
+            "bearer tokens (at least 16 characters) that may only read: `GET /api/*`, dry-run "
+            "scans, the console without actions"
+        ),
+    )
+    allow_anonymous: bool = Field(
+        default=False,
+        description=(
+            "with no credential of any kind set, `serve` refuses to start unless this is "
+            "`true`: then the API and the console are open to anyone who reaches them"
+        ),
+    )
+    forwarded_allow_ips: CommaList = Field(
+        default=(),
+        description=(
+            "comma list of proxy addresses or networks (or `*`) trusted to say who the client "
+            "is in `X-Forwarded-For`; the failed-token throttles count per client; empty: "
+            "no proxy is trusted, the client is the connection's peer"
         ),
     )
     http_root_path: str = Field(
@@ -316,6 +334,34 @@ class Settings(RigSettings):
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
 
+    @field_validator(*_TOKEN_FIELDS)
+    @classmethod
+    def _long_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        if any(len(token.get_secret_value()) < TOKEN_MIN for token in value):
+            raise ValueError(
+                f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
+            )
+        return value
+
+    @field_validator("forwarded_allow_ips", mode="before")
+    @classmethod
+    def _split_proxies(cls, value: Any) -> Any:
+        return _comma_list(value)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in value:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
+                ) from None
+        return value
+
     @field_validator("session_secret", mode="before")
     @classmethod
     def _blank_secret(cls, value: Any) -> Any:
@@ -341,9 +387,22 @@ class Settings(RigSettings):
         return value
 
     @property
-    def any_tokens(self) -> bool:
-        """Whether any role's tokens are set: then every /api call needs one."""
+    def any_credential(self) -> bool:
+        """Whether any way to authenticate is configured (a token of any role): then every /api
+        call needs one, and `serve` may start without RIG_ALLOW_ANONYMOUS. Every kind of
+        credential the conductor accepts belongs in here."""
         return bool(self.api_tokens or self.operator_tokens or self.viewer_tokens)
+
+    def anonymous_problem(self) -> str | None:
+        """Why `serve` must refuse to start with these settings (one line naming
+        RIG_API_TOKENS), or None: some credential is configured, or RIG_ALLOW_ANONYMOUS is."""
+        if self.any_credential or self.allow_anonymous:
+            return None
+        return (
+            "RIG_API_TOKENS: no token of any role is set (RIG_API_TOKENS, RIG_OPERATOR_TOKENS, "
+            "RIG_VIEWER_TOKENS), so the API would be open to anyone; set tokens, or "
+            "RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
+        )
 
     @field_validator("k8s_enabled", mode="before")
     @classmethod

@@ -20,7 +20,8 @@ from tests.integration.helpers import serve, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-OPERATOR, VIEWER, AGENT = "op-browser-secret", "viewer-browser-secret", "agent-browser-secret"
+OPERATOR, VIEWER = "op-browser-secret-0001", "viewer-browser-secret-01"
+AGENT = "agent-browser-secret-01"
 VICTIM = ("builder-b", "builder-b-pod-0")
 SURVIVOR = ("builder-a", "builder-a-pod-0")
 

@@ -94,7 +94,8 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
                 "RIG_K8S_LABEL_SELECTOR": "role=agent", "RIG_LOG_FORMAT": "text",
                 "RIG_TENANT": "tenant-x", "RIG_EVENT_RETENTION_DAYS": "45",
-                "RIG_HTTP_ROOT_PATH": "/rig",
+                "RIG_HTTP_ROOT_PATH": "/rig", "RIG_ALLOW_ANONYMOUS": "true",
+                "RIG_FORWARDED_ALLOW_IPS": "10.0.0.0/8,192.168.1.1",
             }
         ),
     )  # fmt: skip
@@ -110,7 +111,8 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_REDIS_SENTINEL_MASTER": "mymaster", "RIG_REDIS_WAIT_REPLICAS": "0",
                 "RIG_K8S_NAMESPACE": NAMESPACE, "RIG_EVENT_RETENTION_DAYS": "30",
                 "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false",
-                "RIG_HTTP_ROOT_PATH": "",
+                "RIG_HTTP_ROOT_PATH": "", "RIG_ALLOW_ANONYMOUS": "false",
+                "RIG_FORWARDED_ALLOW_IPS": "",
             }
         ),
     )  # fmt: skip

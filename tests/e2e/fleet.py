@@ -45,6 +45,7 @@ def conductor_env(agent_ids: list[str], **extra: str) -> dict[str, str]:
         "RIG_SCAN_INTERVAL_S": "0.5",
         "RIG_STARTUP_DELAY_S": "0",
         "RIG_K8S_ENABLED": "false",
+        "RIG_ALLOW_ANONYMOUS": "true",
         **extra,
     }
 

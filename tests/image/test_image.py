@@ -71,6 +71,7 @@ def settings(redis_url: str, database_url: str, port: int, **extra: str) -> list
         "RIG_HTTP_HOST": "127.0.0.1",
         "RIG_HTTP_PORT": str(port),
         "RIG_K8S_ENABLED": "false",
+        "RIG_ALLOW_ANONYMOUS": "true",
         **extra,
     }
     return [arg for name, value in env.items() for arg in ("--env", f"{name}={value}")]

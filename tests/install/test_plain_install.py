@@ -96,6 +96,7 @@ def env(redis_url: str, database_url: str) -> dict[str, str]:
         "RIG_DATABASE_URL": database_url,
         "RIG_STREAMS": "rig:dispatch",
         "RIG_K8S_ENABLED": "false",
+        "RIG_ALLOW_ANONYMOUS": "true",
     }
 
 

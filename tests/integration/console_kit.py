@@ -18,7 +18,7 @@ from rig_conductor.settings import Settings
 from .helpers import fill, read, register
 
 S, G = "rig:dispatch", "workers"
-OPERATOR, VIEWER, AGENT = "op-secret", "view-secret", "agent-secret"
+OPERATOR, VIEWER, AGENT = "op-secret-0123456789", "view-secret-012345678", "agent-secret-01234567"
 
 
 def builder(make_settings: Callable[..., Settings]) -> Callable[..., FastAPI]:

@@ -100,7 +100,9 @@ STOP_TIMEOUT_S = 30.0
 @asynccontextmanager
 async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[Conductor]:
     """`rig-conductor serve` as a process, ready when yielded; SIGTERM on exit, SIGKILL if it
-    has not stopped in time, and collected either way, whether the test passed or not."""
+    has not stopped in time, and collected either way, whether the test passed or not.
+
+    Open (RIG_ALLOW_ANONYMOUS) unless `env` sets tokens or says otherwise."""
     port = free_port()
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     environment.update(
@@ -108,8 +110,9 @@ async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[
         RIG_DATABASE_URL=database_url,
         RIG_HTTP_HOST="127.0.0.1",
         RIG_HTTP_PORT=str(port),
-        **env,
+        RIG_ALLOW_ANONYMOUS="true",
     )
+    environment.update(env)
     with tempfile.TemporaryDirectory(prefix="rig-serve-") as scratch:
         directory = Path(scratch)
         with (directory / "stdout").open("wb") as out, (directory / "stderr").open("wb") as err:

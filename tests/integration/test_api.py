@@ -289,16 +289,16 @@ async def test_a_streamed_body_within_the_limit_is_read_whole(
 async def test_tokens_guard_the_api_but_not_probes(
     build: Callable[..., FastAPI], redis: Redis, engine: AsyncEngine
 ) -> None:
-    async for api in _client(build(api_tokens="alpha,beta")):
+    async for api in _client(build(api_tokens="alpha-token-0123456,beta-token-01234567")):
         assert (await api.post("/api/events", json=heartbeat())).status_code == 401
         wrong = await api.post(
             "/api/events", json=heartbeat(), headers={"Authorization": "Bearer gamma"}
         )
         assert wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
-        basic = await api.get("/api/agents", headers={"Authorization": "Basic alpha"})
+        basic = await api.get("/api/agents", headers={"Authorization": "Basic alpha-token-0123456"})
         assert basic.status_code == 401
         ok = await api.post(
-            "/api/events", json=heartbeat(), headers={"Authorization": "Bearer beta"}
+            "/api/events", json=heartbeat(), headers={"Authorization": "Bearer beta-token-01234567"}
         )
         assert ok.status_code == 202
         assert (await api.get("/healthz")).status_code == 200
@@ -500,19 +500,19 @@ async def test_request_log_has_no_bodies_or_tokens(
     engine: AsyncEngine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async for api in _client(build(api_tokens="s3cret-token")):
+    async for api in _client(build(api_tokens="s3cret-token-0123")):
         with caplog.at_level("DEBUG", logger="rig_conductor.access"):
             await api.post(
                 "/api/events",
                 json=heartbeat("agent-with-secret-name"),
-                headers={"Authorization": "Bearer s3cret-token"},
+                headers={"Authorization": "Bearer s3cret-token-0123"},
             )
             await api.post(
                 "/api/events",
                 json={"type": "HEARTBEAT"},
-                headers={"Authorization": "Bearer s3cret-token"},
+                headers={"Authorization": "Bearer s3cret-token-0123"},
             )
-            await api.get("/api/agents?token=s3cret-token")
+            await api.get("/api/agents?token=s3cret-token-0123")
     lines = [r.getMessage() for r in caplog.records if r.name == "rig_conductor.access"]
     assert [line.rsplit(" ", 1)[0] for line in lines] == [
         "POST /api/events 202",

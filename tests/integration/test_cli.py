@@ -124,7 +124,8 @@ def test_schema_behind_is_refused_until_migrated(
     assert reap.returncode == 2
     assert "run `rig-conductor migrate`" in reap.stderr
     assert run("check", env=behind).returncode == 1
-    serve = run("serve", env={**behind, "RIG_HTTP_PORT": "1"})  # refused before it binds
+    open_ = {**behind, "RIG_HTTP_PORT": "1", "RIG_ALLOW_ANONYMOUS": "true"}
+    serve = run("serve", env=open_)  # refused before it binds
     assert serve.returncode == 2
     assert "run `rig-conductor migrate`" in serve.stderr and "Traceback" not in serve.stderr
     first = run("migrate", env=behind)
@@ -132,6 +133,29 @@ def test_schema_behind_is_refused_until_migrated(
     assert run("migrate", env=behind).returncode == 0  # idempotent
     check = run("check", env=behind)
     assert check.returncode == 0, check.stderr
+
+
+def test_serve_without_any_token_refuses_to_start(env: dict[str, str]) -> None:
+    done = run("serve", env={**env, "RIG_HTTP_PORT": "1"})  # refused before it binds
+    assert done.returncode == 2
+    assert done.stdout == ""
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("rig-conductor: RIG_API_TOKENS: no token of any role is set"), line
+    assert "RIG_ALLOW_ANONYMOUS=true" in line
+
+
+@pytest.mark.parametrize("variable", ["RIG_API_TOKENS", "RIG_OPERATOR_TOKENS", "RIG_VIEWER_TOKENS"])
+def test_a_token_under_16_characters_is_refused_naming_its_variable(
+    env: dict[str, str], variable: str
+) -> None:
+    tokens = "a-long-enough-token-1,fifteen-chars-x"
+    done = run("serve", env={**env, "RIG_HTTP_PORT": "1", variable: tokens})
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line == f"rig-conductor: {variable}: every token must be at least 16 characters " + (
+        "(e.g. `openssl rand -hex 24`)"
+    )
+    assert "fifteen" not in done.stderr  # a token is never echoed
 
 
 def test_check_reports_an_unreachable_database(env: dict[str, str]) -> None:

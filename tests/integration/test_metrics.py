@@ -47,13 +47,15 @@ async def client(
         streams=("rig:dispatch",),
         agent_ids=("dev-e", "qa-e"),
         entry_stale_ms=0,
-        api_tokens="secret",
+        api_tokens="secret-0123456789",
     )
     app: FastAPI = create_app(settings, schedule_reaper=False)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
-            transport=transport, base_url="http://c", headers={"Authorization": "Bearer secret"}
+            transport=transport,
+            base_url="http://c",
+            headers={"Authorization": "Bearer secret-0123456789"},
         ) as c:
             yield c
 

@@ -21,7 +21,7 @@ from .console_kit import csrf_of
 from .helpers import fill, owners, read, register
 
 S = "rig:dispatch"
-AGENT, OPERATOR, VIEWER = "agent-tok", "operator-tok", "viewer-tok"
+AGENT, OPERATOR, VIEWER = "agent-tok-0123456789", "operator-tok-01234567", "viewer-tok-0123456789"
 
 
 def bearer(token: str) -> dict[str, str]:

@@ -53,7 +53,7 @@ async def test_serve_reclaims_on_schedule_and_stops_on_sigterm(
     assert conductor.stdout == ""
     assert '"message": "[StreamReclaim] Reclaimed' in conductor.stderr
     assert "Shut down cleanly" in conductor.stderr
-    assert "RIG_API_TOKENS, RIG_OPERATOR_TOKENS and RIG_VIEWER_TOKENS are empty" in conductor.stderr
+    assert "RIG_ALLOW_ANONYMOUS: no token of any role is set" in conductor.stderr
     assert "RIG_SESSION_SECRET is empty" in conductor.stderr
     assert "effective configuration" in conductor.stderr
 

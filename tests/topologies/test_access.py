@@ -21,6 +21,7 @@ from .servers import Cluster, TlsServer
 def run(command: str, env: dict[str, str], database_url: str) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
     environment.update(env, RIG_DATABASE_URL=database_url, RIG_K8S_ENABLED="false")
+    environment.setdefault("RIG_ALLOW_ANONYMOUS", "true")
     environment.setdefault("RIG_STREAMS", "rig:dispatch")
     return subprocess.run(
         [sys.executable, "-m", "rig_conductor", *command.split()],

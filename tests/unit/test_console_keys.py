@@ -9,12 +9,12 @@ from rig_conductor import roles
 from rig_conductor.console import session
 from rig_conductor.operations.sessions import SignInThrottle
 
-TOKEN = b"operator-token"
+TOKEN = b"operator-token-0123"
 A, B = b"a" * 32, b"b" * 32
 
 
 def tokens(secret: bytes) -> roles.Tokens:
-    return roles.Tokens(operator=[TOKEN], viewer=[b"viewer-token"], secret=secret)
+    return roles.Tokens(operator=[TOKEN], viewer=[b"viewer-token-01234"], secret=secret)
 
 
 def test_fingerprints_are_keyed_by_the_secret() -> None:

@@ -33,6 +33,8 @@ CONTRACT_DEFAULTS = {
     "RIG_API_TOKENS": "<0 tokens>",
     "RIG_OPERATOR_TOKENS": "<0 tokens>",
     "RIG_VIEWER_TOKENS": "<0 tokens>",
+    "RIG_ALLOW_ANONYMOUS": False,
+    "RIG_FORWARDED_ALLOW_IPS": (),
     "RIG_HTTP_ROOT_PATH": "",
     "RIG_LOG_FORMAT": "text",
     "RIG_TENANT": "default",
@@ -71,7 +73,8 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RIG_DRY_RUN", "true")
     monkeypatch.setenv("RIG_K8S_ENABLED", "FALSE")
     monkeypatch.setenv("RIG_LOG_FORMAT", "json")
-    monkeypatch.setenv("RIG_API_TOKENS", "s3cret,other")
+    monkeypatch.setenv("RIG_API_TOKENS", "s3cret-token-0123,other-token-01234")
+    monkeypatch.setenv("RIG_FORWARDED_ALLOW_IPS", "10.0.0.0/8, 127.0.0.1,")
     settings = load_settings()
     assert settings.streams == ("rig:dispatch", "assignments:*")
     assert settings.agent_ids == ("review-e", "review-e-codex")
@@ -80,7 +83,11 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.dry_run is True
     assert settings.k8s_enabled == "false"
     assert settings.log_format == "json"
-    assert [t.get_secret_value() for t in settings.api_tokens] == ["s3cret", "other"]
+    assert [t.get_secret_value() for t in settings.api_tokens] == [
+        "s3cret-token-0123",
+        "other-token-01234",
+    ]
+    assert settings.forwarded_allow_ips == ("10.0.0.0/8", "127.0.0.1")
     assert "s3cret" not in repr(settings.describe())
 
 
@@ -110,6 +117,11 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_STREAMS", " , ", "at least one stream"),
         ("RIG_EVENT_RETENTION_DAYS", "0", "greater than or equal to 1"),
         ("RIG_SESSION_SECRET", "too-short", "at least 32 characters"),
+        ("RIG_API_TOKENS", "long-enough-token-1,short", "at least 16 characters"),
+        ("RIG_OPERATOR_TOKENS", "fifteen-chars-x", "at least 16 characters"),
+        ("RIG_VIEWER_TOKENS", "viewer", "at least 16 characters"),
+        ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.1,proxy.local", "'proxy.local' is not an IP"),
+        ("RIG_ALLOW_ANONYMOUS", "sometimes", "valid boolean"),
     ],
 )
 def test_bad_value_names_the_variable(
@@ -129,6 +141,31 @@ def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings()
     assert "hunter2" not in str(caught.value)
+    monkeypatch.delenv("RIG_REDIS_URL")
+    monkeypatch.setenv("RIG_VIEWER_TOKENS", "hunter2")
+    with pytest.raises(SettingsError) as caught:
+        load_settings()
+    assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "refused"),
+    [
+        ({}, True),
+        ({"allow_anonymous": True}, False),
+        ({"api_tokens": "dispatcher-token-01"}, False),
+        ({"operator_tokens": "operator-token-01"}, False),
+        ({"viewer_tokens": "viewer-token-0123"}, False),
+    ],
+)
+def test_serve_needs_a_credential_or_anonymous_on_purpose(
+    values: dict[str, object], refused: bool
+) -> None:
+    problem = Settings(**values).anonymous_problem()
+    assert (problem is not None) is refused
+    if problem is not None:
+        assert problem.startswith("RIG_API_TOKENS: no token of any role is set")
+        assert "\n" not in problem
 
 
 def test_cli_exits_2_with_one_line(

@@ -116,55 +116,79 @@ Name of the Secret that holds RIG_DATABASE_URL, RIG_REDIS_URL, the tokens and RI
 {{- end }}
 
 {{/*
-The secret settings, as (env name, key in the Secret, optional). With
-existingSecret the keys come from secrets.existingSecretKeys; the chart's own
-Secret uses the variable names as keys and only holds the values that are set.
+The secret settings, as (env name, key in the Secret). With existingSecret the
+keys come from secrets.existingSecretKeys, and every key named there is
+required: a mistyped key fails the pod instead of silently leaving a role's
+tokens out. The chart's own Secret uses the variable names as keys and holds
+the values that are set, plus the tokens it generates.
 */}}
 {{- define "rig-conductor.secretEnvItems" -}}
 {{- $items := list }}
 {{- $s := .Values.secrets }}
+{{- $names := dict "databaseUrl" "RIG_DATABASE_URL" "redisUrl" "RIG_REDIS_URL" "apiTokens" "RIG_API_TOKENS" "operatorTokens" "RIG_OPERATOR_TOKENS" "viewerTokens" "RIG_VIEWER_TOKENS" "redisSentinelPassword" "RIG_REDIS_SENTINEL_PASSWORD" "sessionSecret" "RIG_SESSION_SECRET" }}
+{{- $order := list "databaseUrl" "redisUrl" "apiTokens" "operatorTokens" "viewerTokens" "redisSentinelPassword" "sessionSecret" }}
 {{- if $s.existingSecret }}
-{{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" $s.existingSecretKeys.databaseUrl "optional" false) }}
-{{- $items = append $items (dict "env" "RIG_REDIS_URL" "key" $s.existingSecretKeys.redisUrl "optional" false) }}
-{{- if $s.existingSecretKeys.apiTokens }}
-{{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" $s.existingSecretKeys.apiTokens "optional" true) }}
+{{- $k := $s.existingSecretKeys }}
+{{- if not (or $k.apiTokens $k.operatorTokens $k.viewerTokens .Values.allowAnonymous) }}
+{{- fail "secrets.existingSecretKeys names no token key (apiTokens, operatorTokens, viewerTokens): name at least one, or set allowAnonymous=true for an open API" }}
 {{- end }}
-{{- if $s.existingSecretKeys.operatorTokens }}
-{{- $items = append $items (dict "env" "RIG_OPERATOR_TOKENS" "key" $s.existingSecretKeys.operatorTokens "optional" true) }}
+{{- range $field := $order }}
+{{- with get $k $field }}
+{{- $items = append $items (dict "env" (get $names $field) "key" .) }}
 {{- end }}
-{{- if $s.existingSecretKeys.viewerTokens }}
-{{- $items = append $items (dict "env" "RIG_VIEWER_TOKENS" "key" $s.existingSecretKeys.viewerTokens "optional" true) }}
-{{- end }}
-{{- if $s.existingSecretKeys.redisSentinelPassword }}
-{{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" $s.existingSecretKeys.redisSentinelPassword "optional" true) }}
-{{- end }}
-{{- if $s.existingSecretKeys.sessionSecret }}
-{{- $items = append $items (dict "env" "RIG_SESSION_SECRET" "key" $s.existingSecretKeys.sessionSecret "optional" true) }}
 {{- end }}
 {{- else }}
-{{- if $s.databaseUrl }}
-{{- $items = append $items (dict "env" "RIG_DATABASE_URL" "key" "RIG_DATABASE_URL" "optional" false) }}
+{{- range $field := $order }}
+{{- if get $s $field }}
+{{- $items = append $items (dict "env" (get $names $field) "key" (get $names $field)) }}
 {{- end }}
-{{- if $s.redisUrl }}
-{{- $items = append $items (dict "env" "RIG_REDIS_URL" "key" "RIG_REDIS_URL" "optional" false) }}
 {{- end }}
-{{- if $s.apiTokens }}
-{{- $items = append $items (dict "env" "RIG_API_TOKENS" "key" "RIG_API_TOKENS" "optional" false) }}
-{{- end }}
-{{- if $s.operatorTokens }}
-{{- $items = append $items (dict "env" "RIG_OPERATOR_TOKENS" "key" "RIG_OPERATOR_TOKENS" "optional" false) }}
-{{- end }}
-{{- if $s.viewerTokens }}
-{{- $items = append $items (dict "env" "RIG_VIEWER_TOKENS" "key" "RIG_VIEWER_TOKENS" "optional" false) }}
-{{- end }}
-{{- if $s.redisSentinelPassword }}
-{{- $items = append $items (dict "env" "RIG_REDIS_SENTINEL_PASSWORD" "key" "RIG_REDIS_SENTINEL_PASSWORD" "optional" false) }}
-{{- end }}
-{{- if $s.sessionSecret }}
-{{- $items = append $items (dict "env" "RIG_SESSION_SECRET" "key" "RIG_SESSION_SECRET" "optional" false) }}
+{{- range $key, $_ := include "rig-conductor.generatedTokens" . | fromJson }}
+{{- $items = append $items (dict "env" $key "key" $key) }}
 {{- end }}
 {{- end }}
 {{- toJson $items }}
+{{- end }}
+
+{{/*
+Tokens the chart generates into its own Secret when none are given (no
+existingSecret, no apiTokens, operatorTokens or viewerTokens) and allowAnonymous
+is off, so the chart never renders an open API: RIG_API_TOKENS (for the
+dispatcher and agents) and RIG_OPERATOR_TOKENS (for people and the console), as
+base64 Secret data. Values already in the release's Secret are kept
+(rig-conductor.currentSecretData, a lookup), so an upgrade changes nothing; new
+ones are made once per render and remembered in .Values, so the release Secret,
+the migration hook's Secret and the checksum agree.
+*/}}
+{{- define "rig-conductor.generatedTokens" -}}
+{{- $s := .Values.secrets }}
+{{- if or $s.existingSecret $s.apiTokens $s.operatorTokens $s.viewerTokens .Values.allowAnonymous }}
+{{- dict | toJson }}
+{{- else }}
+{{- if not (hasKey $s "_generated") }}
+{{- $current := include "rig-conductor.currentSecretData" . | fromJson }}
+{{- $made := dict }}
+{{- range $key := list "RIG_API_TOKENS" "RIG_OPERATOR_TOKENS" }}
+{{- $_ := set $made $key (get $current $key | default (randAlphaNum 40 | b64enc)) }}
+{{- end }}
+{{- $_ := set $s "_generated" $made }}
+{{- end }}
+{{- get $s "_generated" | toJson }}
+{{- end }}
+{{- end }}
+
+{{/*
+Fails the render on a given token shorter than the 16 characters the conductor
+requires (it would exit 2 at start).
+*/}}
+{{- define "rig-conductor.checkTokens" -}}
+{{- range $field := list "apiTokens" "operatorTokens" "viewerTokens" }}
+{{- range $token := splitList "," (get $.Values.secrets $field | toString) }}
+{{- if and (trim $token) (lt (len (trim $token)) 16) }}
+{{- fail (printf "secrets.%s: every token must be at least 16 characters" $field) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -172,7 +196,8 @@ True when the chart renders its own Secret.
 */}}
 {{- define "rig-conductor.createSecret" -}}
 {{- $s := .Values.secrets }}
-{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword $s.sessionSecret) }}true{{ end }}
+{{- $generated := include "rig-conductor.generatedTokens" . | fromJson }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword $s.sessionSecret $generated) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -180,6 +205,7 @@ Data of the chart's own Secret (shared by the release Secret and the
 migration hook's Secret).
 */}}
 {{- define "rig-conductor.secretData" -}}
+{{- include "rig-conductor.checkTokens" . }}
 {{- $s := .Values.secrets }}
 {{- if $s.databaseUrl }}
 RIG_DATABASE_URL: {{ $s.databaseUrl | b64enc | quote }}
@@ -201,6 +227,9 @@ RIG_REDIS_SENTINEL_PASSWORD: {{ $s.redisSentinelPassword | b64enc | quote }}
 {{- end }}
 {{- if $s.sessionSecret }}
 RIG_SESSION_SECRET: {{ $s.sessionSecret | b64enc | quote }}
+{{- end }}
+{{- range $key, $value := include "rig-conductor.generatedTokens" . | fromJson }}
+{{ $key }}: {{ $value | quote }}
 {{- end }}
 {{- end }}
 
@@ -261,6 +290,10 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.redisWaitReplicas | int64 | quote }}
 - name: RIG_HTTP_ROOT_PATH
   value: {{ $c.httpRootPath | quote }}
+- name: RIG_FORWARDED_ALLOW_IPS
+  value: {{ include "rig-conductor.commaList" $c.forwardedAllowIps | quote }}
+- name: RIG_ALLOW_ANONYMOUS
+  value: {{ $root.Values.allowAnonymous | toString | quote }}
 {{- with $root.Values.redisTls }}
 {{- if .secretName }}
 - name: RIG_REDIS_TLS_CA_FILE
@@ -281,9 +314,6 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
     secretKeyRef:
       name: {{ $.secretName }}
       key: {{ .key }}
-      {{- if .optional }}
-      optional: true
-      {{- end }}
 {{- end }}
 {{- with $root.Values.extraEnv }}
 {{ toYaml . }}

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles
+from rig_conductor import roles, throttle
 
 logger = logging.getLogger("rig_conductor.access")
 
@@ -60,14 +61,27 @@ class AccessLog:
                 )
 
 
+# Wrong tokens a client may present in a row before it must wait (1 s, doubling up to 60 s).
+API_FREE_FAILURES = 5
+
+
 class RoleGuard:
     """With any role's tokens set, every /api call needs `Authorization: Bearer <token>`: 401
     without a valid one, 403 when the token's role may not do what the request asks
-    (`roles.api_need`). The caller goes into the request state for the routes' audit lines."""
+    (`roles.api_need`). The caller goes into the request state for the routes' audit lines.
 
-    def __init__(self, app: ASGIApp, tokens: roles.Tokens) -> None:
+    A client (by address) that keeps presenting wrong tokens gets 429 with Retry-After instead
+    of 401 while `failed_tokens` makes it wait. The token is checked first, so a valid token is
+    never refused, and the throttle is touched only on a failure: a heartbeat with a valid
+    token costs what it did before.
+    """
+
+    def __init__(
+        self, app: ASGIApp, tokens: roles.Tokens, failed_tokens: throttle.FailureThrottle
+    ) -> None:
         self.app = app
         self.tokens = tokens
+        self.failed_tokens = failed_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -77,21 +91,37 @@ class RoleGuard:
         if not path.startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        if self.tokens.open:
-            caller: roles.Caller | None = roles.ANONYMOUS
-        else:
-            caller = self._caller(header(scope, b"authorization") or b"")
-        if caller is None:
-            await answer(
-                send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
-            )
-            return
+        caller = roles.ANONYMOUS
+        if not self.tokens.open:
+            authorization = header(scope, b"authorization")
+            found = self._caller(authorization or b"")
+            if found is None:
+                await self._refuse(scope, send, presented=authorization is not None)
+                return
+            caller = found
         need = roles.api_need(scope["method"], path)
         if not self.tokens.allows(caller, need):
             await answer(send, 403, f"the {caller.role.name.lower()} role may not do this")
             return
         scope.setdefault("state", {})["caller"] = caller
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, send: Send, *, presented: bool) -> None:
+        """401, or 429 while this client must wait; only a presented token counts as a failure
+        (a request without one guesses nothing)."""
+        if presented:
+            client = scope.get("client")
+            address = client[0] if client else "unknown"
+            wait = self.failed_tokens.wait_s(address)
+            if wait > 0:
+                seconds = str(math.ceil(wait))
+                detail = f"too many invalid tokens from this address; retry in {seconds} s"
+                await answer(send, 429, detail, [(b"retry-after", seconds.encode())])
+                return
+            self.failed_tokens.failed(address)
+        await answer(
+            send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
+        )
 
     def _caller(self, authorization: bytes) -> roles.Caller | None:
         scheme, _, presented = authorization.partition(b" ")

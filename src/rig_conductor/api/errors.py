@@ -18,9 +18,17 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles
+from rig_conductor import roles, throttle
 from rig_conductor.adapters import failures
-from rig_conductor.api.access import AccessLog, RoleGuard, RootPath, answer, header, route_path
+from rig_conductor.api.access import (
+    API_FREE_FAILURES,
+    AccessLog,
+    RoleGuard,
+    RootPath,
+    answer,
+    header,
+    route_path,
+)
 from rig_conductor.domain import NotLeading
 
 logger = logging.getLogger(__name__)
@@ -153,7 +161,10 @@ def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
     for error in failures.REFUSED:  # more specific than RedisError: chosen first
         app.add_exception_handler(error, _redis_refused)
     app.add_middleware(BodyLimit, limit=MAX_BODY_BYTES)
-    app.add_middleware(RoleGuard, tokens=tokens)  # before the body is read
+    # Before the body is read. One throttle of wrong tokens per app, in its state so tests can
+    # drive its clock.
+    app.state.api_throttle = throttle.FailureThrottle(free=API_FREE_FAILURES)
+    app.add_middleware(RoleGuard, tokens=tokens, failed_tokens=app.state.api_throttle)
     app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too
     app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
 
