@@ -1,0 +1,71 @@
+"""What a client names or leaves out: scan defaults, names, stream names, dead-letter fields.
+
+Whatever a request carries, the answer is a 4xx naming the problem or a best-effort view,
+never a 500; and a setting that says "change nothing" is not overridden by silence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.app import create_app
+from rig_conductor.settings import Settings
+
+from .helpers import fill, owners, read, register
+
+S, G = "rig:dispatch", "workers"
+
+
+async def _client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://conductor") as client:
+            yield client
+
+
+def _build(make_settings: Callable[..., Settings], **overrides: Any) -> FastAPI:
+    values: dict[str, Any] = {"agent_ids": ("dev-e", "qa-e"), "streams": (S,), "entry_stale_ms": 0}
+    values.update(overrides)
+    return create_app(make_settings(**values), schedule_reaper=False)
+
+
+async def _stale_entries(redis: Redis) -> list[str]:
+    """Two entries of a silent consumer, and a live target for them."""
+    ids = await fill(redis, S, G, 2)
+    await read(redis, S, G, "dev-e-0", 2)
+    await register(redis, S, G, "qa-e-0")
+    return ids
+
+
+async def test_a_scan_without_dry_run_follows_rig_dry_run(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    ids = await _stale_entries(redis)
+    async for api in _client(_build(make_settings, dry_run=True)):
+        await api.post("/api/events", json={"type": "HEARTBEAT", "agentId": "qa-e"})
+        report = (await api.post("/api/reaper/scan")).json()
+        assert (report["reclaimed"], report["dryRun"]) == (2, True)
+        assert await owners(redis, S, G) == dict.fromkeys(ids, "dev-e-0")
+        explicit = (await api.post("/api/reaper/scan", params={"dryRun": "false"})).json()
+        assert (explicit["reclaimed"], explicit["dryRun"]) == (2, False)
+        assert await owners(redis, S, G) == dict.fromkeys(ids, "qa-e-0")
+
+
+async def test_a_scan_without_dry_run_acts_when_rig_dry_run_is_off(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    ids = await _stale_entries(redis)
+    async for api in _client(_build(make_settings)):
+        await api.post("/api/events", json={"type": "HEARTBEAT", "agentId": "qa-e"})
+        dry = (await api.post("/api/reaper/scan", params={"dryRun": "true"})).json()
+        assert dry["dryRun"] is True
+        assert await owners(redis, S, G) == dict.fromkeys(ids, "dev-e-0")
+        report = (await api.post("/api/reaper/scan")).json()
+        assert (report["reclaimed"], report["dryRun"]) == (2, False)
+        assert await owners(redis, S, G) == dict.fromkeys(ids, "qa-e-0")
