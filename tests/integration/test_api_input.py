@@ -69,3 +69,15 @@ async def test_a_scan_without_dry_run_acts_when_rig_dry_run_is_off(
         report = (await api.post("/api/reaper/scan")).json()
         assert (report["reclaimed"], report["dryRun"]) == (2, False)
         assert await owners(redis, S, G) == dict.fromkeys(ids, "qa-e-0")
+
+
+async def test_no_docs_page_loads_from_a_cdn_and_the_openapi_document_stays(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    async for api in _client(_build(make_settings, http_root_path="/rig")):
+        for path in ("/docs", "/redoc", "/docs/oauth2-redirect", "/rig/docs", "/rig/redoc"):
+            answer = await api.get(path)
+            assert answer.status_code == 404, path
+            assert "cdn" not in answer.text.lower()
+        spec = await api.get("/rig/openapi.json")
+        assert spec.status_code == 200 and "/api/events" in spec.json()["paths"]
