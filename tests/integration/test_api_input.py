@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -81,3 +82,64 @@ async def test_no_docs_page_loads_from_a_cdn_and_the_openapi_document_stays(
             assert "cdn" not in answer.text.lower()
         spec = await api.get("/rig/openapi.json")
         assert spec.status_code == 200 and "/api/events" in spec.json()["paths"]
+
+
+def _work(**fields: Any) -> dict[str, Any]:
+    return {"type": "WORK_STARTED", "agentId": "dev-e", "stream": S, "entryId": "1-0", **fields}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"type": "HEARTBEAT", "agentId": "dev-e\n2026-01-01 INFO x: [StreamReclaim]"}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": "dev-e", "consumer": "dev-e-0\r"}, "consumer"),
+        ({"type": "HEARTBEAT", "agentId": "dev-e\x1b[31m"}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": "dev-e\u0085"}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": "dev-e\u2028"}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": "x" * 201}, "agentId"),
+        ({"type": "HEARTBEAT", "agentId": ""}, "agentId"),
+        (_work(stream="rig:\tdispatch"), "stream"),
+        (_work(consumer="dev-e-0\x7f"), "consumer"),
+        ({"type": "ISSUE_ASSIGNED", "issueId": "rc-1", "agentId": "dev\ne"}, "agentId"),
+    ],
+)
+async def test_names_with_control_characters_answer_422_naming_the_field(
+    make_settings: Callable[..., Settings],
+    redis: Redis,
+    engine: AsyncEngine,
+    body: dict[str, Any],
+    field: str,
+) -> None:
+    async for api in _client(_build(make_settings)):
+        answer = await api.post("/api/events", json=body)
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["errors"][0]["field"] == field
+        assert answer.json()["detail"].startswith(f"{field}: ")
+        agents = (await api.get("/api/agents")).json()
+        assert all(agent["lastHeartbeatAt"] is None for agent in agents)  # nothing stored
+    assert await redis.exists(S) == 0
+
+
+async def test_names_of_200_printable_characters_are_taken(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    name = "agent-\u00e9\U0001f600-" + "x" * 191
+    assert len(name) == 200
+    async for api in _client(_build(make_settings)):
+        answer = await api.post("/api/events", json={"type": "HEARTBEAT", "agentId": name})
+        assert answer.status_code == 202
+        assert name in {agent["agentId"] for agent in (await api.get("/api/agents")).json()}
+
+
+@pytest.mark.parametrize("stream", ["rig:\ndispatch", "x" * 201])
+async def test_a_stream_parameter_with_control_characters_answers_422(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine, stream: str
+) -> None:
+    async for api in _client(_build(make_settings)):
+        listed = await api.get("/api/deadletters", params={"stream": stream})
+        assert listed.status_code == 422 and listed.json()["errors"][0]["field"] == "query.stream"
+        deleted = await api.delete("/api/deadletters", params={"stream": stream, "dlqId": "1-0"})
+        assert deleted.status_code == 422 and "stream" in deleted.json()["detail"]
+        body = {"stream": stream, "dlqId": "1-0"}
+        requeue = await api.post("/api/deadletters/requeue", json=body)
+        assert requeue.status_code == 422 and requeue.json()["errors"][0]["field"] == "stream"

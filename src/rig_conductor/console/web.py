@@ -92,6 +92,10 @@ def url(request: Request, path: str, **query: Any) -> str:
 def stream_key(request: Request, name: str) -> StreamKey:
     """A stream named in a query or a form: one the settings cover (`views.known_stream`), else
     a 400 page. Never a pattern: reading one would SCAN the keyspace."""
+    try:
+        domain.name(name)
+    except ValueError as exc:
+        raise Refused(400, f"stream {name[:256]!r}: {exc}") from None
     if not views.known_stream(runtime(request).settings, name):
         raise Refused(400, f"{name[:256]!r} is not a stream of RIG_DISPATCH_STREAM or RIG_STREAMS")
     return StreamKey(name)
