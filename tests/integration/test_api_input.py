@@ -1,7 +1,8 @@
 """What a client names or leaves out: scan defaults, names, stream names, dead-letter fields.
 
-Whatever a request carries, the answer is a 4xx naming the problem or a best-effort view,
-never a 500; and a setting that says "change nothing" is not overridden by silence.
+Whatever a request carries, or a dead-letter stream holds, the answer is a 4xx naming the
+problem or a best-effort view (in the API and the console alike), never a 500; and a setting
+that says "change nothing" is not overridden by silence.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
+from .console_kit import OPERATOR, builder, client_of, sign_in
 from .helpers import fill, owners, read, register
 
 S, G = "rig:dispatch", "workers"
@@ -143,3 +145,64 @@ async def test_a_stream_parameter_with_control_characters_answers_422(
         body = {"stream": stream, "dlqId": "1-0"}
         requeue = await api.post("/api/deadletters/requeue", json=body)
         assert requeue.status_code == 422 and requeue.json()["errors"][0]["field"] == "stream"
+
+
+async def test_a_stream_name_redis_refuses_answers_4xx(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    await redis.hset("a-hash:dlq", "k", "v")  # the dead letters of `a-hash` are not a stream
+    await redis.set("a-string", "x")  # a stream name that holds a string, with a dead letter
+    letter = await redis.xadd("a-string:dlq", {"originalId": "1-0", "issueId": "rc-1"})
+    async for api in _client(_build(make_settings)):
+        listed = await api.get("/api/deadletters", params={"stream": "a-hash"})
+        assert listed.status_code == 422 and "WRONGTYPE" in listed.json()["detail"]
+        params = {"stream": "a-hash", "dlqId": "1-0"}
+        assert (await api.delete("/api/deadletters", params=params)).status_code == 422
+        body = {"stream": "a-string", "dlqId": letter}
+        requeue = await api.post("/api/deadletters/requeue", json=body)
+        assert requeue.status_code == 422, requeue.text
+    assert await redis.xlen("a-string:dlq") == 1  # the letter stays where it was
+
+
+async def test_malformed_dead_letters_are_shown_best_effort(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    dlq = S + ":dlq"
+    good = await redis.xadd(dlq, {"originalId": "1-0", "deliveries": "5", "issueId": "rc-1"})
+    odd = await redis.xadd(dlq, {"originalId": "2-0", "deliveries": "five", "reason": "x"})
+    bare = await redis.xadd(dlq, {"issueId": "rc-3"})
+    binary = await redis.xadd(dlq, {"originalId": "4-0", "deliveries": "2", "blob": b"\xff\xfe"})
+    async for api in _client(_build(make_settings)):
+        answer = await api.get("/api/deadletters")
+        assert answer.status_code == 200, answer.text
+        letters = {letter["dlqId"]: letter for letter in answer.json()}
+        assert letters[good]["deliveries"] == 5
+        assert letters[odd]["deliveries"] is None and letters[odd]["reason"] == "x"
+        assert letters[bare]["deliveries"] is None and letters[bare]["originalId"] == ""
+        assert letters[bare]["fields"] == {"issueId": "rc-3"}
+        assert letters[binary]["deliveries"] == 2 and letters[binary]["fields"]["blob"]
+
+
+async def test_the_console_shows_requeues_and_deletes_malformed_dead_letters(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    dlq = S + ":dlq"
+    odd = await redis.xadd(dlq, {"deliveries": "lots", "issueId": "rc-odd"})
+    binary = await redis.xadd(dlq, {"deliveries": "-1", "issueId": "rc-bin", "blob": b"\xff"})
+    async for console in client_of(builder(make_settings)()):
+        csrf = await sign_in(console, OPERATOR)
+        page = await console.get("/ui/deadletters", params={"stream": S})
+        assert page.status_code == 200 and odd in page.text and binary in page.text
+        found = await console.get("/ui/deadletters", params={"stream": S, "q": "rc-bin"})
+        assert found.status_code == 200 and binary in found.text and odd not in found.text
+        deleted = await console.post(
+            "/ui/deadletters/delete", data={"csrf": csrf, "stream": S, "ids": [odd]}
+        )
+        assert deleted.status_code == 303
+        requeued = await console.post(
+            "/ui/deadletters/requeue", data={"csrf": csrf, "stream": S, "ids": [binary]}
+        )
+        assert requeued.status_code == 303
+    assert await redis.xlen(dlq) == 0
+    [(_, fields)] = await redis.execute_command("XRANGE", S, "-", "+", NEVER_DECODE=True)
+    assert fields[b"blob"] == b"\xff"  # requeued byte for byte

@@ -142,7 +142,8 @@ class DeadLetterView(Wire):
     original_id: str
     group: str
     consumer: str
-    deliveries: int
+    # None when the letter's `deliveries` is not a count (a letter the reaper did not write).
+    deliveries: int | None
     reason: str
     fields: dict[str, str]
 
