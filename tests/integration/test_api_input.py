@@ -7,6 +7,8 @@ that says "change nothing" is not overridden by silence.
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,6 +18,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
@@ -206,3 +209,29 @@ async def test_the_console_shows_requeues_and_deletes_malformed_dead_letters(
     assert await redis.xlen(dlq) == 0
     [(_, fields)] = await redis.execute_command("XRANGE", S, "-", "+", NEVER_DECODE=True)
     assert fields[b"blob"] == b"\xff"  # requeued byte for byte
+
+
+async def test_a_newline_in_a_request_path_forges_no_log_line(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.TextFormatter())
+    access = logging.getLogger("rig_conductor.access")
+    access.addHandler(handler)
+    level, disabled = access.level, access.disabled
+    access.setLevel(logging.INFO)  # through setLevel: it clears the logger's level cache
+    access.disabled = False
+    forged = "%0A2026-11-26%2010:00:00,000%20INFO%20x:%20[StreamReclaim]%20Reclaimed%201-0%0D%1B"
+    try:
+        async for api in _client(_build(make_settings)):
+            assert (await api.get("/api/agents" + forged)).status_code == 404
+            assert (await api.get("/ui" + forged)).status_code == 404
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+        access.disabled = disabled
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and all(" rig_conductor.access: GET /" in line for line in lines)
+    assert r"GET /api/agents\n2026-11-26 10:00:00,000 INFO x: [StreamReclaim] " in lines[0]
+    assert r"Reclaimed 1-0\r\x1b 404 " in lines[0]
