@@ -225,7 +225,10 @@ def log_lines_page() -> str:
         "Every command logs to stderr, one line per record (`RIG_LOG_FORMAT=text`) or one JSON",
         "object per line (`json`, where `message` is the same sentence and the parts are fields).",
         "`%s`/`%d` and `{...}` are filled in per line. One `[StreamReclaim] Reclaimed` line per",
-        "moved entry, at any volume.",
+        "moved entry, at any volume. A record is one line whatever it quotes: in text, control",
+        "characters in a path, a consumer name, an error or a traceback are written as a",
+        "Python literal would (`\\n`, `\\x1b`, `\\u2028`; a backslash stays as it is), so no",
+        "client and no name in Redis can start a line of its own; JSON escapes them as JSON does.",
         "",
     ]
     for prefix, rows in found.items():

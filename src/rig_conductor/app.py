@@ -109,6 +109,11 @@ def create_app(
         version=__version__,
         description="Heartbeats, dispatch, and the reaper of stuck Redis Streams entries.",
         lifespan=lifespan,
+        # FastAPI's /docs and /redoc pages load their scripts from a CDN: an air-gapped console
+        # cannot show them, and a page pulling third-party script has no place beside it. The
+        # OpenAPI document stays at /openapi.json for any local viewer or client generator.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.metrics = metrics
     errors.install(app, tokens=tokens, root_path=settings.http_root_path)

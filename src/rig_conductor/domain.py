@@ -47,6 +47,25 @@ def entry_id(text: str) -> EntryId:
     return EntryId(text)
 
 
+# Control characters (C0, DEL, C1) and the Unicode line and paragraph separators: what splits
+# or garbles a log line, a terminal or a page. Names may not hold them; the text log escapes them.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+NAME_MAX_LENGTH = 200
+
+
+def name(text: str) -> str:
+    """`text` as a name (agent id, consumer, stream, group); ValueError saying why it is not one.
+
+    1..NAME_MAX_LENGTH characters without control characters: a name ends up in log lines,
+    metric labels and console pages, where a newline would forge a line of its own.
+    """
+    if not isinstance(text, str) or not 1 <= len(text) <= NAME_MAX_LENGTH:
+        raise ValueError(f"must be 1 to {NAME_MAX_LENGTH} characters")
+    if (found := CONTROL.search(text)) is not None:
+        raise ValueError(f"must not contain control characters (found {found.group()!r})")
+    return text
+
+
 class PodState(enum.Enum):
     """What Kubernetes says about the pod a consumer is named after."""
 

@@ -44,9 +44,52 @@ async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
     assert elsewhere.headers["location"] == "/ui"
 
 
-async def test_the_cookie_is_secure_behind_https(console: httpx.AsyncClient) -> None:
-    ok = await post_sign_in(console, {"token": VIEWER}, headers={"X-Forwarded-Proto": "https"})
-    assert "Secure" in ok.headers["set-cookie"]
+async def test_behind_an_https_ingress_the_cookies_are_host_cookies(
+    console: httpx.AsyncClient,
+) -> None:
+    form = await console.get("/ui/login", headers={"X-Forwarded-Proto": "https"})
+    assert _attributes(form, f"__Host-{session.PRE_COOKIE}") >= {"secure", "path=/"}
+
+
+@pytest.mark.parametrize("root", ["", "/rig"])
+async def test_over_https_the_cookies_are_host_cookies(
+    build: Callable[..., FastAPI], root: str
+) -> None:
+    """`__Host-` cookies, Secure, Path=/ and no Domain (RIG_HTTP_ROOT_PATH too: the name then
+    carries the root path); sign-in, pages, actions and sign-out work with them."""
+    suffix = "_rig" if root else ""
+    name, pre = f"__Host-{session.COOKIE}{suffix}", f"__Host-{session.PRE_COOKIE}{suffix}"
+    async for console in client_of(build(http_root_path=root), "https://c"):
+        form = await console.get(f"{root}/ui/login")
+        assert _attributes(form, pre) >= {"secure", "httponly", "path=/", "samesite=strict"}
+        ok = await post_sign_in(console, {"token": OPERATOR}, prefix=root)
+        assert ok.status_code == 303, ok.text
+        cookie = _attributes(ok, name)
+        assert cookie >= {"secure", "httponly", "path=/", "samesite=strict"}
+        assert not any(a.startswith("domain") for a in cookie)
+        assert _attributes(ok, pre) >= {"max-age=0", "secure", "path=/"}  # the nonce's, spent
+        assert set(console.cookies) == {name}
+        page = await console.get(f"{root}/ui")
+        assert page.status_code == 200
+        out = await console.post(f"{root}/ui/logout", data={"csrf": csrf_of(page.text)})
+        assert _attributes(out, name) >= {"max-age=0", "secure", "path=/"}
+        assert (await console.get(f"{root}/ui")).status_code == 303
+
+
+async def test_over_plain_http_the_cookies_keep_their_names_under_the_root_path(
+    build: Callable[..., FastAPI],
+) -> None:
+    async for console in client_of(build(http_root_path="/rig")):
+        ok = await post_sign_in(console, {"token": VIEWER}, prefix="/rig")
+        cookie = _attributes(ok, session.COOKIE)
+        assert "path=/rig/ui" in cookie and "secure" not in cookie
+        assert (await console.get("/rig/ui")).status_code == 200
+
+
+def _attributes(answer: httpx.Response, name: str) -> set[str]:
+    """The attributes (lower case) of the Set-Cookie header for cookie `name`."""
+    [found] = [c for c in answer.headers.get_list("set-cookie") if c.startswith(name + "=")]
+    return {part.strip().lower() for part in found.split(";")[1:]}
 
 
 async def test_sign_out_forged_and_expired_sessions(

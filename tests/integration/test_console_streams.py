@@ -62,6 +62,17 @@ async def test_a_stream_the_settings_do_not_cover_is_a_400_page(
         assert "is not a stream of RIG_DISPATCH_STREAM or RIG_STREAMS" in answer.text
 
 
+@pytest.mark.parametrize("stream", ["assignments:a\nb", "assignments:\x1b[2J", "rig:dispatch\r"])
+async def test_a_stream_name_with_control_characters_is_a_400_page(
+    console: httpx.AsyncClient, stream: str
+) -> None:
+    """Even where a pattern of RIG_STREAMS would match it."""
+    await sign_in(console, OPERATOR)
+    for path in ("/ui/deadletters", "/ui/group"):
+        answer = await console.get(path, params={"stream": stream, "name": "workers"})
+        assert answer.status_code == 400 and "control characters" in answer.text
+
+
 async def test_streams_the_settings_cover_are_shown(
     console: httpx.AsyncClient, redis: Redis
 ) -> None:

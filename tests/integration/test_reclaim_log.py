@@ -141,3 +141,34 @@ async def test_a_full_stderr_pipe_neither_stalls_the_scan_nor_loses_event_rows(
     assert code == 0
     assert json.loads(report)["reclaimed"] == ENTRIES
     assert await recorded(engine) == ENTRIES
+
+
+FORGED = "\n2026-11-26 10:00:00,000 INFO    rig_conductor.reaper.cycle: [StreamReclaim] Reclaimed"
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_a_newline_in_a_consumer_name_forges_no_line(
+    log_format: str, redis: Redis, engine: AsyncEngine, env: dict[str, str]
+) -> None:
+    """Anyone who may XREADGROUP names consumers: the name is quoted, never a line of its own."""
+    evil = "dev-e-0" + FORGED + " 1-0 on rig:dispatch: x -> y\x1b[2K\u2028"
+    await redis.xgroup_create(S, G, id="0", mkstream=True)
+    for i in range(3):
+        await redis.xadd(S, {"issueId": f"rc-{i}"})
+    await redis.xreadgroup(G, evil, {S: ">"}, count=3)
+    await redis.xgroup_createconsumer(S, G, "qa-e-0")
+    live = [queries.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
+    await queries.record_heartbeats(engine, tenant="default", heartbeats=live)
+    await asyncio.sleep(0.15)
+    done = await asyncio.to_thread(reap, {**env, "RIG_LOG_FORMAT": log_format}, capture_output=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["reclaimed"] == 3
+    lines = done.stderr.splitlines()  # splits on \x85 and U+2028 too
+    if log_format == "json":
+        moves = [json.loads(line) for line in lines if "[StreamReclaim]" in line]
+        assert [m["fromConsumer"] for m in moves] == [evil] * 3
+    else:
+        moves = [line for line in lines if "[StreamReclaim]" in line]
+        assert len(moves) == 3 and all(LINE.match(line) for line in moves)
+        assert all(r" on rig:dispatch: dev-e-0\n2026-11-26 " in line for line in moves)
+        assert all(line.endswith(r"x -> y\x1b[2K\u2028 -> qa-e-0") for line in moves)

@@ -16,9 +16,11 @@ from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
+from tests.integration.console_kit import OPERATOR, client_of, sign_in
 from tests.integration.helpers import fill, owners, read, register
 
 from .servers import Cluster
@@ -192,3 +194,29 @@ async def test_a_dead_primary_is_left_out_and_counted_while_the_others_are_reape
     finally:
         await topology.aclose()
         cluster.restart(victim)
+
+
+async def test_a_stream_name_no_dead_letter_can_share_a_slot_with_answers_4xx(
+    cluster_client: RedisCluster,
+    cluster_env: dict[str, str],
+    engine: AsyncEngine,
+    settings_for: Callable[..., Settings],
+) -> None:
+    """`a}b` hashes only up to its `}` in a companion key: no DLQ can live beside it."""
+    await fill(cluster_client, "assignments:a}b", G, 1)
+    settings = reaper_settings(settings_for, cluster_env, operator_tokens=OPERATOR)
+    async for api in client_of(create_app(settings, schedule_reaper=False)):
+        auth = {"Authorization": f"Bearer {OPERATOR}"}
+        listed = await api.get("/api/deadletters", params={"stream": "a}b"}, headers=auth)
+        assert listed.status_code == 422 and "hash tag" in listed.json()["detail"]
+        body = {"stream": "a}b", "dlqId": "1-0"}
+        requeue = await api.post("/api/deadletters/requeue", json=body, headers=auth)
+        assert requeue.status_code == 422 and "hash tag" in requeue.json()["detail"]
+        params = {"stream": "a}b", "dlqId": "1-0"}
+        assert (
+            await api.delete("/api/deadletters", params=params, headers=auth)
+        ).status_code == 422
+        await sign_in(api, OPERATOR)
+        assert (await api.get("/ui")).status_code == 200  # the overview counts its DLQ as empty
+        page = await api.get("/ui/deadletters", params={"stream": "assignments:a}b"})
+        assert page.status_code == 400 and "hash tag" in page.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -114,5 +115,25 @@ def test_leftovers_of_other_attempts_of_the_entry_are_removed(tmp_path: Path) ->
 
 def test_the_intent_round_trips_through_its_text_form(tmp_path: Path) -> None:
     files = (_staged(tmp_path, "a b.txt", "x"), _staged(tmp_path, "ü.txt", "y"))
-    assert staging.decode(staging.encode(files)) == files
+    assert staging.decode(staging.encode(files), entry_id="1-0", attempt=1) == files
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [["/etc/.passwd.1-0.a1.tmp", "/etc/passwd"], ["/tmp/victim", "/tmp/x"]],
+        [["/srv/.out.1-0.a2.tmp", "/srv/out"]],  # another attempt's temporary
+        [["/srv/.out.9-0.a1.tmp", "/srv/out"]],  # another entry's
+        [["/srv/a/../.out.1-0.a1.tmp", "/srv/a/../out"]],
+        [[".out.1-0.a1.tmp", "out"]],
+        [["/srv/.out.1-0.a1.tmp", "/srv/out", "/x"]],
+        [["/srv/\u0000.1-0.a1.tmp", "/srv/\u0000"]],
+        [["/.1-0.a1.tmp", "/"]],
+        {"a": "b"},
+        [[1, 2]],
+    ],
+)
+def test_an_intent_the_runtime_did_not_write_is_refused(pairs: object) -> None:
+    with pytest.raises(ValueError):
+        staging.decode(json.dumps(pairs), entry_id="1-0", attempt=1)
     assert staging.intent_key("rig:dispatch", "1-0") == "rig:staged:rig:dispatch:1-0"

@@ -106,12 +106,30 @@ def test_a_foreign_formatter_still_gets_every_sentence() -> None:
     ]
 
 
+# Ids, and a target consumer, holding what the text log must escape: a newline that would
+# forge a `[StreamReclaim]` line, CR, ESC, DEL, C1 (NEL), U+2028, a tab; and what it must not.
+FORGED = (
+    "\n2026-11-26 10:00:00,000 INFO    rig_conductor.reaper.cycle: [StreamReclaim] Reclaimed 9-9"
+)
+CONTROL_IDS = ["1-0", 'x"\\\u00e9\U0001f600\n-0', "\r\x1b[2J\x85\u2028\x7f\t\x00-0", FORGED]
+
+
+def _record(
+    message: str, fields: dict[str, object], args: tuple[object, ...] = ()
+) -> logging.LogRecord:
+    record = logging.LogRecord("t", logging.INFO, "", 0, message, args, None)
+    record.__dict__.update(fields)
+    record.created, record.msecs = 1_764_000_000.25, 250.0  # the same time for every path
+    return record
+
+
 @pytest.mark.parametrize("formatter", [logs.TextFormatter, logs.JsonFormatter])
-@pytest.mark.parametrize("ids", [["1-0", "2-0", "3-0"], ["1-0", 'x"\\\u00e9\U0001f600\n-0']])
+@pytest.mark.parametrize("ids", [["1-0", "2-0", "3-0"], CONTROL_IDS])
+@pytest.mark.parametrize("to", ["b-0", "b-0" + FORGED])
 def test_framed_sentences_render_exactly_as_listed_ones(
-    formatter: type[logging.Formatter], ids: list[str]
+    formatter: type[logging.Formatter], ids: list[str], to: str
 ) -> None:
-    prefix, suffix = "[StreamReclaim] Reclaimed ", ' on s%s: a-0 -> "b-0"'
+    prefix, suffix = "[StreamReclaim] Reclaimed ", f' on s%s: a-0 -> "{to}"'
     common = {"stream": "s", "fromConsumer": "a-0", "reason": "down"}
     framed = logs.Framed(prefix, ids, suffix)
     listed = [prefix + i + suffix for i in ids]
@@ -120,15 +138,57 @@ def test_framed_sentences_render_exactly_as_listed_ones(
 
     def render(messages: Sequence[str]) -> str:
         lines = logs.Lines(messages, common, ("entryId", ids))
-        record = logging.LogRecord("t", logging.INFO, "", 0, "%s", (lines,), None)
-        record.rig_lines = lines
-        record.created, record.msecs = 1_764_000_000.25, 250.0  # the same time for both
+        record = _record("%s", {"rig_lines": lines}, (lines,))
         return formatter().format(record)
 
-    assert render(framed) == render(listed)
-    assert len(render(framed).splitlines()) == len(ids) + ("\n" in "".join(ids)) * (
-        formatter is logs.TextFormatter
+    rendered = render(framed)
+    assert rendered == render(listed)
+    assert len(rendered.splitlines()) == len(ids)  # one line per entry, whatever the ids hold
+    one_by_one = [
+        formatter().format(_record(m, {**common, "entryId": i}))
+        for m, i in zip(listed, ids, strict=True)
+    ]
+    if formatter is logs.TextFormatter:  # byte for byte as a record of its own would read
+        assert rendered == "\n".join(one_by_one)
+        assert all(line.startswith("2025-") for line in rendered.splitlines())
+    else:  # the same objects; the sentences and ids as they were
+        assert [json.loads(line) for line in rendered.splitlines()] == [
+            json.loads(line) for line in one_by_one
+        ]
+        assert [json.loads(line)["message"] for line in rendered.splitlines()] == listed
+
+
+def test_the_text_log_escapes_control_characters_as_python_literals() -> None:
+    assert logs.escape("plain \u00e9\U0001f600 \\n") == "plain \u00e9\U0001f600 \\n"
+    assert logs.escape("a\nb\r\tc\x1b[0m\x7f\x85\u2028\u2029\x00") == (
+        "a\\nb\\r\\tc\\x1b[0m\\x7f\\x85\\u2028\\u2029\\x00"
     )
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_one_record_is_one_line_whatever_it_quotes(log_format: str) -> None:
+    """A request path with a %0A, a consumer name from Redis, an error message, a traceback."""
+    logger, stream = _capture(log_format)
+    consumer = "dev-e-0" + FORGED
+    logger.info("GET %s 404 1.0ms", "/api/agents" + FORGED)
+    logger.warning("Consumer %s holds %d entries", consumer, 3, extra={"consumer": consumer})
+    try:
+        raise RuntimeError("refused:" + FORGED)
+    except RuntimeError:
+        logger.exception("Scan failed: %s", "refused:" + FORGED)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 3
+    assert all(line.startswith("20") or line.startswith("{") for line in lines)
+    if log_format == "json":
+        records = [json.loads(line) for line in lines]
+        assert records[1]["consumer"] == consumer and records[1]["message"].endswith("3 entries")
+        assert "RuntimeError: refused:" + FORGED in records[2]["exception"]
+    else:
+        assert lines[1].endswith("Consumer dev-e-0\\n2026-11-26 10:00:00,000 INFO    "
+                                 "rig_conductor.reaper.cycle: [StreamReclaim] Reclaimed 9-9 "
+                                 "holds 3 entries")  # fmt: skip
+        assert "Traceback (most recent call last):\\n" in lines[2]
+        assert lines[2].endswith("RuntimeError: refused:" + logs.escape(FORGED))
 
 
 def test_framed_of_a_template_fills_the_parts_once_and_the_field_per_line() -> None:

@@ -39,9 +39,9 @@ def test_hash_tags_as_redis_cluster_reads_them() -> None:
 
 
 def test_a_name_no_companion_can_share_a_slot_with_is_refused_on_a_cluster() -> None:
-    with pytest.raises(ValueError, match="hash tag"):
+    with pytest.raises(redis_keys.BadStreamName, match="hash tag"):
         redis_keys.dlq_key("a}b{", clustered=True)
-    with pytest.raises(ValueError, match="hash tag"):
+    with pytest.raises(redis_keys.BadStreamName, match="hash tag"):
         redis_keys.dlq_key("a{}b", clustered=True)  # an empty tag is no tag
     assert redis_keys.dlq_key("a}b{") == "a}b{:dlq"
 

@@ -11,6 +11,7 @@ refusal the operator must look into.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Literal
@@ -39,6 +40,8 @@ REFUSED: tuple[type[Exception], ...] = (ResponseError,)
 _BUSY = (ReadOnlyError, ClusterDownError, TryAgainError, OutOfMemoryError)
 _BUSY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "OOM")
 _REQUEST_FAULTS = ("WRONGTYPE", "NOGROUP", "Invalid stream ID", "ERR Invalid stream ID")
+_PIPELINE_NOTE = " of pipeline caused error: "
+_SCRIPT_NOTE = re.compile(r"^Error running script \(call to [^)]*\): @user_script:\d+: ")
 
 Verdict = Literal["unavailable", "request", "refused"]
 
@@ -55,12 +58,24 @@ def which(exc: BaseException) -> str:
 def judge(exc: BaseException) -> Verdict:
     """For a Redis error reply: `unavailable` (retry later), `request` (what the request named
     cannot be done: the client's fault) or `refused` (Redis refused the conductor's command)."""
-    text = str(exc)
+    text = reply_text(exc)
     if isinstance(exc, _BUSY) or text.startswith(_BUSY_PREFIXES):
         return "unavailable"
     if text.startswith(_REQUEST_FAULTS):
         return "request"
     return "refused"
+
+
+def reply_text(exc: BaseException) -> str:
+    """The error reply itself, without the note redis-py puts before an error inside a pipeline
+    (`Command # 1 (...) of pipeline caused error: ...`) or the one Redis 6.2 puts before an
+    error inside a script (`Error running script (...): @user_script:1: ...`)."""
+    text = str(exc)
+    if text.startswith("Command # ") and _PIPELINE_NOTE in text:
+        text = text.split(_PIPELINE_NOTE, 1)[1]
+        if text.startswith(("('", '("')) and text.endswith(("',)", '",)')):  # the args' repr
+            text = text[2:-3]
+    return _SCRIPT_NOTE.sub("", text, count=1)
 
 
 @contextmanager
@@ -71,5 +86,5 @@ def named_by_request() -> Iterator[None]:
         yield
     except ResponseError as exc:
         if judge(exc) == "request":
-            raise RefusedRequest(str(exc)) from exc
+            raise RefusedRequest(reply_text(exc)) from exc
         raise

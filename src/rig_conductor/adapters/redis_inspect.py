@@ -15,6 +15,7 @@ from typing import Any
 from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.adapters.redis_streams import (
+    RAW,
     DeadLetter,
     dead_letter_of,
     dlq_key,
@@ -116,12 +117,18 @@ async def entry_fields(
 
 
 async def dead_letter_counts(client: AnyRedis, *, streams: Sequence[StreamKey]) -> list[int]:
-    """XLEN of each stream's DLQ (0 when it has none)."""
+    """XLEN of each stream's DLQ (0 when it has none, or can have none: a cluster stream whose
+    name has a `}` but no hash tag)."""
     if not streams:
         return []
     counts: list[int] = []
     for stream in streams:  # one key each: also right on a cluster, where keys live apart
-        counts.append(int(await client.xlen(dlq_key(stream, client))))
+        try:
+            key = dlq_key(stream, client)
+        except redis_keys.BadStreamName:
+            counts.append(0)
+            continue
+        counts.append(int(await client.xlen(key)))
     return counts
 
 
@@ -146,9 +153,10 @@ async def dead_letters_by_id(
     key = dlq_key(stream, client)
     async with client.pipeline(transaction=False) as pipe:
         for dlq_id in dlq_ids:
-            pipe.xrange(key, min=dlq_id, max=dlq_id, count=1)
+            pipe.execute_command("XRANGE", key, dlq_id, dlq_id, "COUNT", 1, **RAW)
         replies = await pipe.execute()
-    return {reply[0][0]: dead_letter_of(reply[0][0], reply[0][1]) for reply in replies if reply}
+    letters = (dead_letter_of(reply[0][0], reply[0][1]) for reply in replies if reply)
+    return {letter.dlq_id: letter for letter in letters}
 
 
 async def delete_dead_letters(

@@ -14,6 +14,11 @@ from rig_conductor.domain import StreamKey
 DLQ_SUFFIX = ":dlq"
 
 
+class BadStreamName(ValueError):
+    """A stream name no companion key can be made for here: a request naming it is the client's
+    mistake (422, or a 400 page), never a 500."""
+
+
 def has_hash_tag(name: str) -> bool:
     """True when Redis Cluster hashes only part of `name`: a `{...}` with something inside."""
     start = name.find("{")
@@ -29,7 +34,7 @@ def slot_prefix(stream: str, *, clustered: bool) -> str:
         return stream
     if "}" in stream:
         # `{a}b}:dlq` would hash `a}b` only up to the first `}`: no key can share the slot.
-        raise ValueError(
+        raise BadStreamName(
             f"stream {stream!r} has a '}}' but no hash tag: on a Redis Cluster its dead letters "
             "cannot share its slot; name it with a hash tag, e.g. '{orders}:new'"
         )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.client import NEVER_DECODE
 from redis.exceptions import AskError, MovedError, ResponseError
 
 from rig_conductor.adapters import redis_keys, redis_sweep
@@ -87,6 +88,9 @@ redis.call('XDEL', KEYS[1], ARGV[1])
 return {new_id, issue}
 """
 _DIAGNOSTICS = ("originalId", "stream", "group", "consumer", "deliveries", "reason")
+# Options of a read whose reply is left as bytes, however the client decodes: what others wrote
+# into a stream need not be UTF-8, and a strict decode would fail the whole read.
+RAW: dict[str, Any] = {NEVER_DECODE: True}
 
 
 # Append an entry at most once per idempotency key, atomically: a repeat, however concurrent and
@@ -207,7 +211,7 @@ class DeadLetter:
     original_id: str
     group: str
     consumer: str
-    deliveries: int
+    deliveries: int | None  # None: not a count (a letter someone else wrote)
     reason: str
     fields: dict[str, str]
 
@@ -397,23 +401,38 @@ async def list_dead_letters(
     client: AnyRedis, *, stream: StreamKey, count: int, before: str = "+"
 ) -> list[DeadLetter]:
     """The newest `count` dead letters of `stream` (ids up to `before`), newest first."""
-    rows: list[tuple[str, dict[str, str]]] = await client.xrevrange(  # type: ignore[assignment]
-        dlq_key(stream, client), max=before, count=count
+    rows = await client.execute_command(
+        "XREVRANGE", dlq_key(stream, client), before, "-", "COUNT", count, **RAW
     )
     return [dead_letter_of(dlq_id, fields) for dlq_id, fields in rows]
 
 
-def dead_letter_of(dlq_id: str, fields: Mapping[str, str]) -> DeadLetter:
-    """A DLQ entry's fields as a `DeadLetter`: the diagnostics apart from the original fields."""
+def dead_letter_of(dlq_id: str | bytes, fields: Mapping[Any, Any]) -> DeadLetter:
+    """A DLQ entry's fields (read with RAW) as a `DeadLetter`: the diagnostics apart from the
+    original fields. Best effort: anyone who may write the DLQ can put anything in it, and one
+    odd letter must not hide the others, so bytes that are not UTF-8 are shown replaced and a
+    `deliveries` that is not a count is None."""
+    text = {_text(k): _text(v) for k, v in fields.items()}
     return DeadLetter(
-        dlq_id=dlq_id,
-        original_id=fields.get("originalId", ""),
-        group=fields.get("group", ""),
-        consumer=fields.get("consumer", ""),
-        deliveries=int(fields.get("deliveries") or 0),
-        reason=fields.get("reason", ""),
-        fields={k: v for k, v in fields.items() if k not in _DIAGNOSTICS},
+        dlq_id=_text(dlq_id),
+        original_id=text.get("originalId", ""),
+        group=text.get("group", ""),
+        consumer=text.get("consumer", ""),
+        deliveries=_count(text.get("deliveries")),
+        reason=text.get("reason", ""),
+        fields={k: v for k, v in text.items() if k not in _DIAGNOSTICS},
     )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _count(value: str | None) -> int | None:
+    """A delivery count as the reaper writes it; None for anything else."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 20:
+        return None
+    return int(value)
 
 
 async def requeue(

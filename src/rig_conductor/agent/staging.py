@@ -156,8 +156,34 @@ def encode(files: Sequence[StagedFile]) -> str:
     return json.dumps([[str(item.tmp), str(item.final)] for item in files])
 
 
-def decode(text: str) -> tuple[StagedFile, ...]:
-    return tuple(StagedFile(Path(tmp), Path(final)) for tmp, final in json.loads(text))
+def decode(text: str, *, entry_id: str, attempt: int) -> tuple[StagedFile, ...]:
+    """An intent as `encode` wrote it for this entry and attempt; ValueError for anything else.
+
+    Whoever may write `rig:staged:*` must not steer a rename or an unlink: every pair must be
+    exactly what `Staging.stage` records, an absolute, normalised final path and the
+    temporary name `temp_path` gives it for this entry and attempt, so the only files a
+    commit or a discard touches are this attempt's own temporaries and the paths they were
+    staged for.
+    """
+    pairs = json.loads(text)
+    if not isinstance(pairs, list):
+        raise ValueError("not a list of [temporary, final] pairs")
+    return tuple(_checked(pair, entry_id=entry_id, attempt=attempt) for pair in pairs)
+
+
+def _checked(pair: object, *, entry_id: str, attempt: int) -> StagedFile:
+    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
+        raise ValueError(f"not a [temporary, final] pair: {pair!r}")
+    tmp, final = pair
+    if "\x00" in tmp + final or not os.path.isabs(final) or os.path.normpath(final) != final:
+        raise ValueError(f"final path {final!r} is not absolute and normalised")
+    final_path = Path(final)
+    if not final_path.name:
+        raise ValueError(f"final path {final!r} names no file")
+    expected = temp_path(final_path, entry_id=entry_id, attempt=attempt)
+    if tmp != str(expected):
+        raise ValueError(f"temporary path {tmp!r} is not {str(expected)!r}")
+    return StagedFile(expected, final_path)
 
 
 def intent_key(stream: str, entry_id: str) -> str:
@@ -184,9 +210,11 @@ async def load_intents(
     intents: dict[int, tuple[StagedFile, ...]] = {}
     for attempt, text in raw.items():
         try:
-            intents[int(attempt)] = decode(text)
-        except (ValueError, TypeError):
-            logger.warning("Unreadable staged intent %s of %s/%s", attempt, stream, entry_id)
+            number = int(attempt)
+            intents[number] = decode(text, entry_id=entry_id, attempt=number)
+        except (ValueError, TypeError) as exc:
+            # Nothing of it is renamed or unlinked: a path this runtime did not stage is not its.
+            logger.warning("Refused staged intent %s of %s/%s: %s", attempt, stream, entry_id, exc)
     return intents
 
 

@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles, throttle
-from rig_conductor.adapters import failures
+from rig_conductor.adapters import failures, redis_keys
 from rig_conductor.api.access import (
     API_FREE_FAILURES,
     AccessLog,
@@ -117,7 +117,16 @@ async def _redis_refused(request: Request, exc: Exception) -> Response:
 async def _refused_request(request: Request, exc: Exception) -> Response:
     """Redis refused what the client named (`failures.named_by_request`): the client's mistake."""
     logger.info("%s %s answered 422: Redis refused: %s", request.method, request.url.path, exc)
-    detail = f"Redis refused the request: {exc}"
+    return _client_mistake(request, f"Redis refused the request: {exc}")
+
+
+async def _bad_stream_name(request: Request, exc: Exception) -> Response:
+    """A stream name the key helpers cannot work with (`redis_keys.BadStreamName`)."""
+    logger.info("%s %s answered 422: %s", request.method, request.url.path, exc)
+    return _client_mistake(request, str(exc))
+
+
+def _client_mistake(request: Request, detail: str) -> Response:
     if (pages := _console(request)) is not None:
         return pages(request, 400, detail)
     return JSONResponse(status_code=422, content={"detail": detail})
@@ -156,6 +165,7 @@ def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(NotLeading, _not_leading)
     app.add_exception_handler(failures.RefusedRequest, _refused_request)
+    app.add_exception_handler(redis_keys.BadStreamName, _bad_stream_name)
     for error in failures.UNAVAILABLE:
         app.add_exception_handler(error, _unavailable)
     for error in failures.REFUSED:  # more specific than RedisError: chosen first

@@ -31,7 +31,17 @@ def _storable(value: str) -> str:
 
 
 # Strict types: a number where a string belongs is a 422, not silently converted.
-Name = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+# A name (agent id, consumer, stream): `domain.name`, 1..200 characters, no control characters.
+Name = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=domain.NAME_MAX_LENGTH),
+    AfterValidator(_storable),
+    AfterValidator(domain.name),
+]
+# Other short text a client names (an issue id, an idempotency key, a degraded reason).
+Text = Annotated[StrictStr, Field(min_length=1, max_length=256), AfterValidator(_storable)]
+# A name in a query string or a path: the same rule, a 422 naming the parameter.
+NameParam = Annotated[str, AfterValidator(domain.name)]
 # A stream entry id, in a body or a query: `domain.entry_id` (both parts <= 2^64-1), with the
 # pattern published in the OpenAPI document.
 ENTRY_ID_PATTERN = domain.ENTRY_ID_PATTERN
@@ -51,15 +61,15 @@ class HeartbeatEvent(Wire):
     agent_id: Name
     consumer: Name | None = None
     degraded: StrictBool = False
-    degraded_reasons: Annotated[list[Name], Field(max_length=64)] = []
+    degraded_reasons: Annotated[list[Text], Field(max_length=64)] = []
 
 
 class IssueAssignedEvent(Wire):
     type: Literal["ISSUE_ASSIGNED"]
-    issue_id: Name
+    issue_id: Text
     agent_id: Name
     payload: dict[str, Any] = {}
-    idempotency_key: Name | None = None
+    idempotency_key: Text | None = None
 
 
 Attempt = Annotated[StrictInt, Field(ge=1)]
@@ -71,7 +81,7 @@ class _WorkFields(Wire):
     entry_id: EntryIdField
     # The consumer the report comes from: only the entry's owner may report on it.
     consumer: Name
-    issue_id: Name | None = None
+    issue_id: Text | None = None
     error: Annotated[StrictStr, Field(max_length=4096), AfterValidator(_storable)] | None = None
 
 
@@ -154,7 +164,8 @@ class DeadLetterView(Wire):
     original_id: str
     group: str
     consumer: str
-    deliveries: int
+    # None when the letter's `deliveries` is not a count (a letter the reaper did not write).
+    deliveries: int | None
     reason: str
     fields: dict[str, str]
 

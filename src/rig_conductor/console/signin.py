@@ -45,7 +45,7 @@ async def login(
 ) -> Response:
     tokens = web.tokens(request)
     next = web.safe_next(request, next)
-    if not session.sign_in_csrf_ok(tokens, request.cookies.get(session.PRE_COOKIE), csrf):
+    if not session.sign_in_csrf_ok(tokens, web.read_cookie(request, session.PRE_COOKIE), csrf):
         error = "The sign-in form had expired: sign in again."
         return _login_page(request, next=next, error=error, status=403)
     client = request.client.host if request.client else "unknown"
@@ -66,7 +66,7 @@ async def login(
     response = web.redirect(request, "")
     response.headers["location"] = next
     web.set_cookie(request, response, cookie)
-    response.delete_cookie(session.PRE_COOKIE, path=web.url(request, ""))
+    web.delete_cookie(request, response, session.PRE_COOKIE)
     return response
 
 
@@ -78,13 +78,13 @@ async def logout(
         raise web.Refused(403, "missing or invalid CSRF token; reload the page")
     await sessions.sign_out(web.runtime(request), you.caller, nonce=you.nonce, expires=you.expires)
     response = web.redirect(request, "/login")
-    response.delete_cookie(session.COOKIE, path=web.url(request, ""))
+    web.delete_cookie(request, response)
     return response
 
 
 def _login_page(request: Request, *, next: str, error: str = "", status: int = 200) -> Response:
     """The sign-in form, with the CSRF token of this browser's pre-session cookie."""
-    nonce = session.pre_session(request.cookies.get(session.PRE_COOKIE))
+    nonce = session.pre_session(web.read_cookie(request, session.PRE_COOKIE))
     body = web.templates.get_template("login.html").render(
         url=lambda path, **q: web.url(request, path, **q),
         static=lambda name: web.url(request, f"/static/{name}"),

@@ -3,6 +3,7 @@ rendering (a whole page, or just the live part of it for htmx's polling)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +22,8 @@ from rig_conductor.operations import sessions, views
 from rig_conductor.runtime import Runtime
 
 HERE = Path(__file__).parent
+# What a cookie name may not hold (RFC 6265 token): a root path's `/` among it.
+_NOT_TOKEN = re.compile(r"[^A-Za-z0-9_.-]")
 STATIC = HERE / "static"
 templates = Environment(
     loader=FileSystemLoader(HERE / "templates"),
@@ -92,6 +95,10 @@ def url(request: Request, path: str, **query: Any) -> str:
 def stream_key(request: Request, name: str) -> StreamKey:
     """A stream named in a query or a form: one the settings cover (`views.known_stream`), else
     a 400 page. Never a pattern: reading one would SCAN the keyspace."""
+    try:
+        domain.name(name)
+    except ValueError as exc:
+        raise Refused(400, f"stream {name[:256]!r}: {exc}") from None
     if not views.known_stream(runtime(request).settings, name):
         raise Refused(400, f"{name[:256]!r} is not a stream of RIG_DISPATCH_STREAM or RIG_STREAMS")
     return StreamKey(name)
@@ -123,7 +130,7 @@ async def current(request: Request) -> session.Session:
     """The request's session; SignInRequired without one, or for one signed out. An open
     console (no tokens at all) has no sign-in: the visitor gets an anonymous session, set on
     the response by `page`."""
-    found = session.read(tokens(request), request.cookies.get(session.COOKIE))
+    found = session.read(tokens(request), read_cookie(request))
     if found is not None and not await sessions.signed_out(runtime(request), nonce=found.nonce):
         return found
     if tokens(request).open:
@@ -212,6 +219,26 @@ def problem(request: Request, status: int, message: str) -> HTMLResponse:
     return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
+def https(request: Request) -> bool:
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+
+
+def cookie_name(request: Request, name: str = session.COOKIE) -> str:
+    """The name cookie `name` goes by on this request. Over https, `__Host-<name>`: the browser
+    takes it only Secure, for Path=/ and with no Domain, so neither a plain-http page nor a
+    sibling subdomain can set or shadow it (a planted session or sign-in nonce). Path=/ is
+    host-wide, so under RIG_HTTP_ROOT_PATH the name carries the root path, and two consoles on
+    one host keep their sessions apart. Over plain http, `name` as it always was."""
+    if not https(request):
+        return name
+    root = request.scope.get("root_path", "").strip("/")
+    return "__Host-" + name + ("_" + _NOT_TOKEN.sub("_", root) if root else "")
+
+
+def read_cookie(request: Request, name: str = session.COOKIE) -> str | None:
+    return request.cookies.get(cookie_name(request, name))
+
+
 def set_cookie(
     request: Request,
     response: Response,
@@ -220,15 +247,28 @@ def set_cookie(
     name: str = session.COOKIE,
     max_age: int = session.TTL_S,
 ) -> None:
-    secure = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+    secure = https(request)
     response.set_cookie(
-        name,
+        cookie_name(request, name),
         value,
         max_age=max_age,
-        path=url(request, ""),
+        path="/" if secure else url(request, ""),
         httponly=True,
         samesite="strict",
         secure=secure,
+    )
+
+
+def delete_cookie(request: Request, response: Response, name: str = session.COOKIE) -> None:
+    """Expire cookie `name` with the attributes it was set with: a browser ignores a `__Host-`
+    cookie, its expiry too, that is not Secure with Path=/."""
+    secure = https(request)
+    response.delete_cookie(
+        cookie_name(request, name),
+        path="/" if secure else url(request, ""),
+        secure=secure,
+        httponly=True,
+        samesite="strict",
     )
 
 

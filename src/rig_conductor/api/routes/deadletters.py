@@ -25,7 +25,7 @@ router = APIRouter(tags=["dead letters"], responses=schemas.ERRORS)
 )
 async def list_dead_letters(
     rt: Annotated[Runtime, Depends(runtime)],
-    stream: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
+    stream: Annotated[schemas.NameParam | None, Query(max_length=domain.NAME_MAX_LENGTH)] = None,
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[schemas.DeadLetterView]:
     """The newest dead letters of `stream` (default: RIG_DISPATCH_STREAM), newest first."""
@@ -64,7 +64,7 @@ async def requeue(
 async def delete(
     rt: Annotated[Runtime, Depends(runtime)],
     who: Annotated[roles.Caller, Depends(caller)],
-    stream: Annotated[str, Query(min_length=1, max_length=256)],
+    stream: Annotated[schemas.NameParam, Query(max_length=domain.NAME_MAX_LENGTH)],
     dlq_id: Annotated[
         str,
         Query(

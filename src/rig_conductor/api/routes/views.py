@@ -79,10 +79,14 @@ async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas
 async def scan_now(
     rt: Annotated[Runtime, Depends(runtime)],
     who: Annotated[roles.Caller, Depends(caller)],
-    dry_run: Annotated[bool, Query(alias="dryRun")] = False,
+    dry_run: Annotated[bool | None, Query(alias="dryRun")] = None,
 ) -> Response:
     """Run one scan now (after any scan in progress) and return its report. A dry run changes
-    nothing and any role may ask for one; a real scan is a change (operator tokens)."""
+    nothing and any role may ask for one; a real scan is a change (operator tokens). Without
+    `dryRun`, RIG_DRY_RUN decides: a conductor set to change nothing does not change things
+    because a caller left a parameter out."""
+    if dry_run is None:
+        dry_run = rt.settings.dry_run
     if not dry_run:
         require(rt, who, roles.Need.CHANGE)
     report = await rt.scan(dry_run)
