@@ -4,6 +4,7 @@ only through `scan`."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import roles
+from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis_client import AnyRedis, Topology
 from rig_conductor.domain import ConsumerName, PodState
@@ -44,7 +46,8 @@ class Runtime:
     def __post_init__(self) -> None:
         bound = self.tokens.bound_agents if self.tokens is not None else frozenset()
         self.known_agents = KnownAgents(
-            self.engine, tenant=self.settings.tenant, configured=[*self.settings.agent_ids, *bound]
+            functools.partial(queries.agent_ids, self.engine, tenant=self.settings.tenant),
+            configured=[*self.settings.agent_ids, *bound],
         )
 
     def servers(self) -> Topology:
@@ -65,5 +68,6 @@ def tokens_of(settings: Settings) -> roles.Tokens:
         agent=raw(settings.api_tokens),
         operator=raw(settings.operator_tokens),
         viewer=raw(settings.viewer_tokens),
+        bound=settings.bound_tokens,
         secret=secret.get_secret_value().encode() if secret is not None else None,
     )

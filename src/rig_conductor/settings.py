@@ -26,6 +26,7 @@ _SECRET_FIELDS = frozenset(
         "api_tokens",
         "operator_tokens",
         "viewer_tokens",
+        "agent_tokens",
         "redis_sentinel_password",
         "session_secret",
     }
@@ -285,6 +286,14 @@ class Settings(RigSettings):
             "scans, the console without actions"
         ),
     )
+    agent_tokens: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        default=(),
+        description=(
+            "comma list of `<agentId>:<token>` (the token follows the last colon, at least 16 "
+            "characters): a token bound to one agent, which may send HEARTBEAT and WORK_* "
+            "only for that agent and its consumers; anything else answers 403"
+        ),
+    )
     allow_anonymous: bool = Field(
         default=False,
         description=(
@@ -329,10 +338,30 @@ class Settings(RigSettings):
     def _split(cls, value: Any) -> Any:
         return _comma_list(value)
 
-    @field_validator(*_TOKEN_FIELDS, mode="before")
+    @field_validator(*_TOKEN_FIELDS, "agent_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: Any) -> Any:
         return _comma_list(value)
+
+    @field_validator("agent_tokens")
+    @classmethod
+    def _bound_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
+        for item in value:
+            agent, colon, token = item.get_secret_value().rpartition(":")
+            if not colon or not agent.strip():
+                raise ValueError("every item must be `<agentId>:<token>`")
+            if len(token) < TOKEN_MIN:
+                raise ValueError(
+                    f"every token must be at least {TOKEN_MIN} characters "
+                    "(e.g. `openssl rand -hex 24`)"
+                )
+        return value
+
+    @property
+    def bound_tokens(self) -> list[tuple[str, bytes]]:
+        """RIG_AGENT_TOKENS as (agent id, token) pairs."""
+        pairs = (item.get_secret_value().rpartition(":") for item in self.agent_tokens)
+        return [(agent.strip(), token.encode()) for agent, _, token in pairs]
 
     @field_validator(*_TOKEN_FIELDS)
     @classmethod
@@ -391,7 +420,9 @@ class Settings(RigSettings):
         """Whether any way to authenticate is configured (a token of any role): then every /api
         call needs one, and `serve` may start without RIG_ALLOW_ANONYMOUS. Every kind of
         credential the conductor accepts belongs in here."""
-        return bool(self.api_tokens or self.operator_tokens or self.viewer_tokens)
+        return bool(
+            self.api_tokens or self.operator_tokens or self.viewer_tokens or self.agent_tokens
+        )
 
     def anonymous_problem(self) -> str | None:
         """Why `serve` must refuse to start with these settings (one line naming
@@ -400,8 +431,8 @@ class Settings(RigSettings):
             return None
         return (
             "RIG_API_TOKENS: no token of any role is set (RIG_API_TOKENS, RIG_OPERATOR_TOKENS, "
-            "RIG_VIEWER_TOKENS), so the API would be open to anyone; set tokens, or "
-            "RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
+            "RIG_VIEWER_TOKENS, RIG_AGENT_TOKENS), so the API would be open to anyone; set "
+            "tokens, or RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
         )
 
     @field_validator("k8s_enabled", mode="before")
@@ -467,7 +498,7 @@ class Settings(RigSettings):
 
 
 def _mask(name: str, value: object) -> object:
-    if name in _TOKEN_FIELDS:
+    if name in (*_TOKEN_FIELDS, "agent_tokens"):
         return f"<{len(value)} tokens>" if isinstance(value, tuple) else "<hidden>"
     if isinstance(value, SecretStr):
         return "<hidden>"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
@@ -12,10 +13,12 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import migrations, queries
+from rig_conductor.adapters.postgres import work as work_store
 from rig_conductor.adapters.postgres.tables import dispatches, events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
@@ -188,6 +191,7 @@ async def test_failed_append_leaves_nothing_that_blocks_a_retry(
             {
                 "type": "WORK_COMPLETED",
                 "agentId": "a",
+                "consumer": "a-0",
                 "stream": "s",
                 "entryId": "1-0",
                 "attempt": 0,
@@ -198,11 +202,24 @@ async def test_failed_append_leaves_nothing_that_blocks_a_retry(
             {
                 "type": "WORK_COMPLETED",
                 "agentId": "a",
+                "consumer": "a-0",
                 "stream": "s",
                 "entryId": "1-0",
                 "attempt": "2",
             },
             "attempt",
+        ),
+        # Every report but a start names the attempt it reports on, and each names its consumer.
+        *(
+            (
+                {"type": kind, "agentId": "a", "consumer": "a-0", "stream": "s", "entryId": "1-0"},
+                "attempt",
+            )
+            for kind in ("WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED")
+        ),
+        (
+            {"type": "WORK_STARTED", "agentId": "a", "stream": "s", "entryId": "1-0"},
+            "consumer",
         ),
         ({"type": "HEARTBEAT", "agentId": "a\x00b"}, "agentId"),
         ({"type": "HEARTBEAT", "agentId": "a", "degradedReasons": ["\ud800"]}, "degradedReasons.0"),
@@ -363,21 +380,42 @@ def work(kind: str, consumer: str, entry: str, attempt: int | None = None) -> di
     return event
 
 
+async def read_as(redis: Redis, consumer: str) -> None:
+    """`consumer` reads what the dispatch stream holds for it, as an agent's XREADGROUP does."""
+    with contextlib.suppress(ResponseError):  # BUSYGROUP
+        await redis.xgroup_create("rig:dispatch", "workers", id="0")
+    await read(redis, "rig:dispatch", "workers", consumer, 10)
+
+
+async def move(redis: Redis, engine: AsyncEngine, entry: str, to: str) -> None:
+    """A reclaim of `entry` to `to`: the XCLAIM, and the new attempt reserved for it."""
+    await redis.xclaim("rig:dispatch", "workers", to, 0, [entry], justid=True)
+    await work_store.reclaimed(
+        engine, tenant="default", stream="rig:dispatch", consumer=to, entry_ids=[entry]
+    )
+
+
+async def work_rows(engine: AsyncEngine) -> list[Any]:
+    async with engine.connect() as conn:
+        query = select(events.c.kind, events.c.attempt, events.c.fenced, events.c.detail)
+        return list(
+            await conn.execute(query.where(events.c.kind.like("WORK_%")).order_by(events.c.id))
+        )
+
+
 async def test_work_reports_are_fenced_by_attempt(
-    api: httpx.AsyncClient, engine: AsyncEngine
+    api: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
 ) -> None:
     entry = (await api.post("/api/events", json=assigned())).json()["entryId"]
+    await read_as(redis, "dev-e-0")
     first = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-0", entry))
     assert (first.status_code, first.json()) == (202, {"attempt": 1})
+    await move(redis, engine, entry, "dev-e-1")
     second = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-1", entry))
     assert second.json() == {"attempt": 2}
     zombie = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-0", entry, attempt=1))
     assert zombie.status_code == 409
     assert zombie.json()["attempt"] == 2 and zombie.json()["state"] == "running"
-    stale_start = await api.post(
-        "/api/events", json=work("WORK_STARTED", "dev-e-0", entry, attempt=1)
-    )
-    assert stale_start.status_code == 409
     progress = await api.post(
         "/api/events", json=work("WORK_PROGRESS", "dev-e-1", entry, attempt=2)
     )
@@ -391,25 +429,17 @@ async def test_work_reports_are_fenced_by_attempt(
         202,
         {"accepted": True, "attempt": 2, "state": "done"},
     )
-    again = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-2", entry))
+    again = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-1", entry))
     assert again.status_code == 409 and again.json()["state"] == "done"
     failed = await api.post(
         "/api/events", json={**work("WORK_FAILED", "dev-e-0", entry, attempt=1), "error": "boom"}
     )
     assert failed.status_code == 202 and failed.json()["accepted"] is False
-    async with engine.connect() as conn:
-        rows = (
-            await conn.execute(
-                select(events.c.kind, events.c.attempt, events.c.fenced, events.c.detail)
-                .where(events.c.kind.like("WORK_%"))
-                .order_by(events.c.id)
-            )
-        ).all()
+    rows = await work_rows(engine)
     assert [(r.kind, r.attempt, r.fenced) for r in rows] == [
         ("WORK_STARTED", 1, False),
         ("WORK_STARTED", 2, False),
         ("WORK_COMPLETED", 1, True),
-        ("WORK_STARTED", 1, True),
         ("WORK_PROGRESS", 2, False),
         ("WORK_PROGRESS", 1, True),
         ("WORK_COMPLETED", 2, False),
@@ -417,6 +447,53 @@ async def test_work_reports_are_fenced_by_attempt(
         ("WORK_FAILED", 1, True),
     ]
     assert rows[-1].detail == {"error": "boom"}
+
+
+async def test_work_reports_come_from_the_entrys_owner_only(
+    api: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
+) -> None:
+    entry = (await api.post("/api/events", json=assigned())).json()["entryId"]
+    # Nobody holds it yet: nobody may start it.
+    unread = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-0", entry))
+    assert unread.status_code == 409 and unread.json()["detail"].startswith("refused:")
+    await read_as(redis, "dev-e-0")
+    await redis.xgroup_createconsumer("rig:dispatch", "workers", "dev-e-1")
+    # Another consumer of the group, which does not hold it, may not start it ...
+    stranger = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-1", entry))
+    assert stranger.status_code == 409 and "does not hold" in stranger.json()["detail"]
+    started = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-0", entry))
+    assert started.json() == {"attempt": 1}
+    # ... nor report on the holder's attempt, nor on one never made.
+    for kind in ("WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"):
+        forged = await api.post("/api/events", json=work(kind, "dev-e-1", entry, attempt=1))
+        assert forged.status_code == 409, kind
+        assert "another consumer" in forged.json()["detail"]
+    ahead = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-0", entry, attempt=2))
+    assert ahead.status_code == 409 and "never made" in ahead.json()["detail"]
+    # The refusals changed nothing: the holder's attempt runs on, and completes.
+    assert [(r.kind, r.attempt, r.fenced) for r in await work_rows(engine)] == [
+        ("WORK_STARTED", 1, False)
+    ]
+    done = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-0", entry, attempt=1))
+    assert done.json() == {"accepted": True, "attempt": 1, "state": "done"}
+
+
+async def test_the_target_of_a_reclaim_owns_the_attempt_it_reserved(
+    api: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
+) -> None:
+    entry = (await api.post("/api/events", json=assigned())).json()["entryId"]
+    await read_as(redis, "dev-e-0")
+    await api.post("/api/events", json=work("WORK_STARTED", "dev-e-0", entry))
+    await move(redis, engine, entry, "dev-e-1")
+    # The reclaim made attempt 2 for dev-e-1: it may report on it before it even restarts.
+    progress = await api.post(
+        "/api/events", json=work("WORK_PROGRESS", "dev-e-1", entry, attempt=2)
+    )
+    assert progress.status_code == 202
+    old_owner = await api.post(
+        "/api/events", json=work("WORK_PROGRESS", "dev-e-0", entry, attempt=2)
+    )
+    assert old_owner.status_code == 409 and "another consumer" in old_owner.json()["detail"]
 
 
 async def test_streams_view_and_scan_on_demand(api: httpx.AsyncClient, redis: Redis) -> None:

@@ -33,6 +33,7 @@ CONTRACT_DEFAULTS = {
     "RIG_API_TOKENS": "<0 tokens>",
     "RIG_OPERATOR_TOKENS": "<0 tokens>",
     "RIG_VIEWER_TOKENS": "<0 tokens>",
+    "RIG_AGENT_TOKENS": "<0 tokens>",
     "RIG_ALLOW_ANONYMOUS": False,
     "RIG_FORWARDED_ALLOW_IPS": (),
     "RIG_HTTP_ROOT_PATH": "",
@@ -120,6 +121,9 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_API_TOKENS", "long-enough-token-1,short", "at least 16 characters"),
         ("RIG_OPERATOR_TOKENS", "fifteen-chars-x", "at least 16 characters"),
         ("RIG_VIEWER_TOKENS", "viewer", "at least 16 characters"),
+        ("RIG_AGENT_TOKENS", "dev-e:short", "at least 16 characters"),
+        ("RIG_AGENT_TOKENS", "no-agent-named-here-0123", "`<agentId>:<token>`"),
+        ("RIG_AGENT_TOKENS", ":no-agent-before-the-colon", "`<agentId>:<token>`"),
         ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.1,proxy.local", "'proxy.local' is not an IP"),
         ("RIG_ALLOW_ANONYMOUS", "sometimes", "valid boolean"),
     ],
@@ -134,6 +138,18 @@ def test_bad_value_names_the_variable(
     assert message.startswith(f"{variable}: ")
     assert fragment in message
     assert "\n" not in message
+
+
+def test_bound_tokens_pair_an_agent_with_the_token_after_the_last_colon(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(
+        "RIG_AGENT_TOKENS", "dev-e:token-of-dev-e-0123, ns:agent:token-of-ns-agent-0"
+    )
+    assert load_settings().bound_tokens == [
+        ("dev-e", b"token-of-dev-e-0123"),
+        ("ns:agent", b"token-of-ns-agent-0"),
+    ]
 
 
 def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,6 +172,7 @@ def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"api_tokens": "dispatcher-token-01"}, False),
         ({"operator_tokens": "operator-token-01"}, False),
         ({"viewer_tokens": "viewer-token-0123"}, False),
+        ({"agent_tokens": "dev-e:agent-token-01234"}, False),
     ],
 )
 def test_serve_needs_a_credential_or_anonymous_on_purpose(

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
-
-from sqlalchemy.ext.asyncio import AsyncEngine
+from collections.abc import Awaitable, Callable, Iterable
 
 from rig_conductor.adapters import redis_holders
-from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
 from rig_conductor.policy import speaking
@@ -38,15 +35,13 @@ class KnownAgents:
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        registry: Callable[[], Awaitable[Iterable[str]]],
         *,
-        tenant: str,
         configured: Iterable[str],
         max_age_s: float = REGISTRY_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._engine = engine
-        self._tenant = tenant
+        self._read_registry = registry
         self._configured = frozenset(AgentId(agent) for agent in configured if agent)
         self._heard: set[AgentId] = set()
         self._registry: frozenset[AgentId] = frozenset()
@@ -66,8 +61,7 @@ class KnownAgents:
         if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
             async with self._lock:
                 if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
-                    registry = await queries.agent_ids(self._engine, tenant=self._tenant)
-                    self._registry = frozenset(map(AgentId, registry))
+                    self._registry = frozenset(map(AgentId, await self._read_registry()))
                     self._read_at = self._clock()
                     self._index = None
         if self._index is None:

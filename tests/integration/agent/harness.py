@@ -117,9 +117,19 @@ async def delivered_to_me(conductor: str, redis: Redis, issue: str) -> str:
     return entry_id
 
 
-def old_owner(entry_id: str) -> dict[str, str]:
-    """The report fields of an earlier owner of `entry_id`, a consumer since gone."""
-    return {"agentId": AGENT, "consumer": "dev-e-old", "stream": S, "entryId": entry_id}
+OLD = "dev-e-old"
+
+
+async def old_owner(redis: Redis, entry_id: str) -> dict[str, str]:
+    """Hand `entry_id` to an earlier owner, a consumer since gone, and return the fields of its
+    reports: only a consumer holding the entry may start it. `back_to_me` hands it back, as
+    the reaper's reclaim does once that owner is down."""
+    await redis.xclaim(S, G, OLD, 0, [entry_id], justid=True)
+    return {"agentId": AGENT, "consumer": OLD, "stream": S, "entryId": entry_id}
+
+
+async def back_to_me(redis: Redis, entry_id: str) -> None:
+    await redis.xclaim(S, G, ME, 0, [entry_id], justid=True)
 
 
 def leftovers(directory: Path) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import work as work_store
 from rig_conductor.agent import Entry, staging
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.lease import lease_key
@@ -31,6 +32,7 @@ from .harness import (
     G,
     S,
     assignment,
+    back_to_me,
     delivered_to_me,
     dispatch,
     drained,
@@ -225,7 +227,11 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
     entry_id = await dispatch(conductor, "rc-8")
     async with running(handle, settings()):
         await asyncio.wait_for(inside.wait(), 10)
-        # Meanwhile another consumer (it got the entry reclaimed) starts a newer attempt.
+        # Meanwhile the entry is reclaimed to another consumer, which starts a newer attempt.
+        await redis.xclaim(S, G, "qa-e-0", 0, [entry_id], justid=True)
+        await work_store.reclaimed(
+            engine, tenant="default", stream=S, consumer="qa-e-0", entry_ids=[entry_id]
+        )
         newer = await post(
             conductor,
             type="WORK_STARTED",
@@ -243,7 +249,9 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
         await wait_for(fenced)
         await asyncio.sleep(0.3)
     assert not final.exists() and leftovers(tmp_path) == []
-    assert await pending(redis, ME) == {entry_id: 1}
+    # Not acked: an XACK would have taken the entry from the group, the new owner's list too.
+    assert await pending(redis) == {entry_id: 1}
+    assert await pending(redis, ME) == {}
     assert await assignment(engine, entry_id) == ("running", 2)
     assert not await redis.exists(staging.intent_key(S, entry_id))
     assert (await work_events(engine, entry_id))[-1][:3] == ("WORK_COMPLETED", 1, True)
@@ -262,7 +270,7 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     handled: list[str] = []
     final = tmp_path / "result.txt"
     entry_id = await delivered_to_me(conductor, redis, "rc-9")
-    report = old_owner(entry_id)
+    report = await old_owner(redis, entry_id)
     for attempt in (1, 2):
         started = await post(conductor, type="WORK_STARTED", **report)
         assert started.json() == {"attempt": attempt}
@@ -276,6 +284,7 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     assert accepted.status_code == 202
     assert not final.exists()
 
+    await back_to_me(redis, entry_id)
     async with running(lambda entry: handled.append(entry.id), settings()):
         await wait_for(lambda: drained(redis))
     assert handled == []
@@ -299,7 +308,7 @@ async def test_an_attempt_killed_before_its_intent_leaves_no_temporary_file(
     intent; attempt 2 completes the entry and removes what attempt 1 left."""
     final = tmp_path / "out" / "rc-11.txt"
     entry_id = await delivered_to_me(conductor, redis, "rc-11")
-    report = old_owner(entry_id)
+    report = await old_owner(redis, entry_id)
     started = await post(conductor, type="WORK_STARTED", **report)
     assert started.json() == {"attempt": 1}
     final.parent.mkdir()
@@ -308,6 +317,7 @@ async def test_an_attempt_killed_before_its_intent_leaves_no_temporary_file(
     def handle(entry: Entry) -> None:
         entry.stage(final).write_text(f"attempt {entry.attempt}")
 
+    await back_to_me(redis, entry_id)
     async with running(handle, settings()):
         await wait_for(lambda: drained(redis))
     assert final.read_text() == "attempt 2"

@@ -17,7 +17,16 @@ from rig_conductor.agent import staging
 from rig_conductor.agent.settings import AgentSettings
 
 from ..helpers import wait_for
-from .harness import S, assignment, delivered_to_me, drained, old_owner, post, running
+from .harness import (
+    S,
+    assignment,
+    back_to_me,
+    delivered_to_me,
+    drained,
+    old_owner,
+    post,
+    running,
+)
 
 
 def forged_pairs(tmp_path: Path, entry_id: str, attempt: int) -> list[list[str]]:
@@ -46,7 +55,7 @@ async def test_a_forged_intent_is_refused_logged_and_touches_no_file(
     """The accepted attempt's intent and an older one's are forged: the next runtime recovers
     the entry (acks it, as done) without renaming or unlinking anything they name."""
     entry_id = await delivered_to_me(conductor, redis, "rc-forged")
-    report = old_owner(entry_id)
+    report = await old_owner(redis, entry_id)
     for attempt in (1, 2):
         assert (await post(conductor, type="WORK_STARTED", **report)).json() == {"attempt": attempt}
     assert (await post(conductor, type="WORK_COMPLETED", attempt=2, **report)).status_code == 202
@@ -61,6 +70,7 @@ async def test_a_forged_intent_is_refused_logged_and_touches_no_file(
 
     handled: list[str] = []
     with caplog.at_level(logging.WARNING, logger="rig_conductor.agent.staging"):
+        await back_to_me(redis, entry_id)
         async with running(lambda entry: handled.append(entry.id), settings()):
             await wait_for(lambda: drained(redis))
     assert handled == [] and await assignment(engine, entry_id) == ("done", 2)
@@ -78,7 +88,7 @@ async def test_the_runtimes_own_intent_is_still_committed(
 ) -> None:
     """The check refuses nothing `Staging.stage` records, names with spaces and dots included."""
     entry_id = await delivered_to_me(conductor, redis, "rc-own")
-    report = old_owner(entry_id)
+    report = await old_owner(redis, entry_id)
     assert (await post(conductor, type="WORK_STARTED", **report)).json() == {"attempt": 1}
     area = staging.Staging(entry_id=entry_id, attempt=1)
     for name in ("out put.txt", ".hidden..txt", "x" * 240):
@@ -86,6 +96,7 @@ async def test_the_runtimes_own_intent_is_still_committed(
     files = area.close()
     await staging.record_intent(redis, stream=S, entry_id=entry_id, attempt=1, files=files)
     assert (await post(conductor, type="WORK_COMPLETED", attempt=1, **report)).status_code == 202
+    await back_to_me(redis, entry_id)
     async with running(lambda entry: None, settings()):
         await wait_for(lambda: drained(redis))
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == sorted(
