@@ -269,3 +269,44 @@ async def delete_old_events(
         deleted += result.rowcount
         if result.rowcount < batch:
             return deleted
+
+
+FORGET_BATCH = 10_000
+
+# One bounded DELETE per table: the oldest rows first through the index on
+# (tenant, last_heartbeat_at); the cutoff repeated outside the sub-select so that a row a
+# heartbeat refreshed meanwhile is re-checked under its lock and stays (a row deleted first is
+# simply inserted again by that heartbeat). What is left over goes in the next scan.
+_FORGET_SQL = """
+DELETE FROM {table} WHERE tenant = :tenant AND last_heartbeat_at < :before
+   AND {key} <> ALL(CAST(:keep AS text[]))
+   AND ctid = ANY(ARRAY(
+       SELECT ctid FROM {table}
+        WHERE tenant = :tenant AND last_heartbeat_at < :before
+          AND {key} <> ALL(CAST(:keep AS text[]))
+        ORDER BY last_heartbeat_at LIMIT :batch))
+"""
+
+
+async def forget_silent(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    before: datetime,
+    keep_agents: Iterable[str],
+    keep_consumers: Iterable[str],
+    batch: int = FORGET_BATCH,
+) -> tuple[int, int]:
+    """Delete the agent and consumer heartbeat rows last heard from before `before`, except
+    those named to keep, at most `batch` of each; returns how many of each went. The event log
+    keeps every heartbeat they ever sent (the audit reads it)."""
+    counts: list[int] = []
+    async with engine.begin() as conn:
+        for table, key, keep in (
+            ("agent_heartbeats", "agent_id", keep_agents),
+            ("consumer_heartbeats", "consumer", keep_consumers),
+        ):
+            params = {"tenant": tenant, "before": before, "keep": sorted(keep), "batch": batch}
+            result = await conn.execute(text(_FORGET_SQL.format(table=table, key=key)), params)
+            counts.append(result.rowcount)
+    return counts[0], counts[1]
