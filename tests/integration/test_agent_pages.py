@@ -1,6 +1,7 @@
 """GET /api/agents and GET /api/agents/{agentId} in pages: keyset order by agent id (consumer
 name for one agent's consumers), configured agents never heard from in their place, at most
-the 10 freshest consumers per agent with the total beside them."""
+the 10 freshest consumers per agent with the total beside them, and the console's Agents page
+following the same pages."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.settings import Settings
 
-from .console_kit import AGENT, builder, client_of
+from .console_kit import AGENT, VIEWER, builder, client_of, sign_in
 
 BEARER = {"Authorization": f"Bearer {AGENT}"}
 CONFIGURED = ("b-e", "d-e")
@@ -113,3 +114,16 @@ async def test_bad_paging_parameters_answer_422_naming_them(
         answer = await client.get(f"{path}?{query}", headers=BEARER)
         assert answer.status_code == 422, answer.text
         assert answer.json()["errors"][0]["field"] == f"query.{query.split('=')[0]}"
+
+
+async def test_the_agents_page_pages(client: httpx.AsyncClient) -> None:
+    for agent in ("e-e", "a-e", "c-e"):
+        await beat(client, agent)
+    await sign_in(client, VIEWER)
+    shown, path = [], "/ui/agents?limit=2"
+    while path:
+        page = (await client.get(path)).text
+        shown.append(re.findall(r'<tr class="\w+">\s*<td>([^<]+)</td>', page))
+        found = re.search(r'<a href="([^"]+)" id="next">', page)
+        path = found.group(1).replace("&amp;", "&") if found else ""
+    assert shown == [["a-e", "b-e"], ["c-e", "d-e"], ["e-e"]]
