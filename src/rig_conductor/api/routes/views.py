@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from rig_conductor import roles
 from rig_conductor.adapters import redis_reading
@@ -47,7 +47,7 @@ async def list_agents(
 
 
 @router.get(
-    "/agents/{agent_id:path}",
+    "/agents/{agentId:path}",
     response_model=schemas.AgentView,
     response_model_by_alias=True,
     responses={404: {"model": schemas.Problem, "description": "no such agent"}},
@@ -56,7 +56,7 @@ async def one_agent(
     rt: Annotated[Runtime, Depends(runtime)],
     request: Request,
     response: Response,
-    agent_id: str,
+    agent_id: Annotated[str, Path(alias="agentId", min_length=1, max_length=256)],
     limit: Limit = views.AGENTS_PAGE,
     after: After = None,
 ) -> schemas.AgentView:
