@@ -10,6 +10,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, expect
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.e2e.fleet import conductor_env
 from tests.integration.helpers import serve
@@ -23,8 +24,9 @@ EVERYONE = sorted({*CONFIGURED, *HEARD})
 
 
 async def test_the_agents_page_pages_through_every_agent(
-    browser: Browser, redis: Redis, redis_url: str, database_url: str
+    browser: Browser, redis: Redis, redis_url: str, database_url: str, engine: AsyncEngine
 ) -> None:
+    """`engine` empties the tables first: agents earlier tests heard from are not listed."""
     env = conductor_env(
         CONFIGURED,
         RIG_SCAN_INTERVAL_S="3600",
