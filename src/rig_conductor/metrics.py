@@ -7,7 +7,9 @@ agent is counted under agent="unknown".
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import time
+from collections.abc import Mapping, Sequence, Set
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -106,13 +108,85 @@ class Metrics:
         for outcome in ("ok", "error"):
             self.scans.labels(outcome)
         self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
+        # When this replica last heard of each agent (epoch seconds): a heartbeat it stored,
+        # or the last heartbeat a scan read. `forget_silent` goes by it.
+        self._heard: dict[str, float] = {}
+        # The agents the last scan found in the registry (`registry_read`).
+        self._registry: set[str] = set()
+        # The families labelled by agent: their label names, and which of them name agents.
+        self._by_agent: tuple[tuple[Counter | Gauge, tuple[str, ...], tuple[str, ...]], ...] = (
+            (self.heartbeat_age, ("agent",), ("agent",)),
+            (self.agent_up, ("agent",), ("agent",)),
+            (self.pending, ("stream", "group", "agent"), ("agent",)),
+            (
+                self.reclaimed,
+                ("stream", "group", "from_agent", "to_agent", "reason"),
+                ("from_agent", "to_agent"),
+            ),
+        )
 
-    def heartbeats_stored(self, agents: Sequence[str]) -> None:
+    def heartbeats_stored(self, agents: Sequence[str], *, at: float | None = None) -> None:
         """One committed batch of heartbeats, by agent id (one per heartbeat)."""
         self.heartbeats.inc(len(agents))
+        now = time.time() if at is None else at
         for agent in set(agents):
             self.heartbeat_age.labels(agent).set(0)
             self.agent_up.labels(agent).set(1)
+            self._heard[agent] = now
+
+    def registry_read(self, agents: Set[str], *, at: float | None = None) -> set[str]:
+        """A scan read the registry and found `agents` in it. The agents the previous reading
+        had and this one lacks were forgotten: their series go now; returns them."""
+        now = time.time() if at is None else at
+        for agent in agents:
+            self._heard[agent] = now
+        gone = self._registry - agents
+        self._registry = set(agents)
+        self._drop(gone)
+        return gone
+
+    def forget_silent(self, *, before: float, keep: Set[str], now: float | None = None) -> set[str]:
+        """Remove every series naming an agent this replica has not heard of since `before`
+        (epoch seconds), except the agents in `keep`; returns the agents forgotten.
+
+        For every replica, leading or not: each exports the series of the heartbeats it took
+        in and of the reclaims it counted, and the registry forgets agents whatever replica
+        heard them. An agent named by a series but never heard of here starts its clock `now`.
+        """
+        now = time.time() if now is None else now
+        for agent in self._agent_label_sets():
+            self._heard.setdefault(agent, now)
+        gone = {a for a, at in self._heard.items() if at < before and a not in keep}
+        self._drop(gone)
+        return gone
+
+    def _drop(self, agents: Set[str]) -> None:
+        if not agents:
+            return
+        label_sets = self._agent_label_sets()
+        for agent in agents:
+            self._heard.pop(agent, None)
+            for family, labels in label_sets.get(agent, ()):
+                # A label set naming two forgotten agents is met twice.
+                with contextlib.suppress(KeyError):
+                    family.remove(*labels)
+                if isinstance(family, Gauge):
+                    self._label_sets.get(family, set()).discard(labels)
+
+    def _agent_label_sets(self) -> dict[str, list[tuple[Counter | Gauge, tuple[str, ...]]]]:
+        """Every label set of the families labelled by agent, by the agents it names."""
+        found: dict[str, list[tuple[Counter | Gauge, tuple[str, ...]]]] = {}
+        for family, names, agent_labels in self._by_agent:
+            for metric in family.collect():
+                for sample in metric.samples:
+                    if sample.name.endswith("_created"):
+                        continue
+                    labels = tuple(sample.labels[n] for n in names)
+                    for label in agent_labels:
+                        agent = sample.labels[label]
+                        if agent != UNKNOWN_AGENT:
+                            found.setdefault(agent, []).append((family, labels))
+        return found
 
     def replace(self, gauge: Gauge, values: Mapping[tuple[str, ...], float]) -> None:
         """Set `gauge` to exactly `values`: label sets absent from them are removed."""

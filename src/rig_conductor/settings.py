@@ -249,6 +249,17 @@ class Settings(RigSettings):
         default=300_000,
         ge=0,
     )
+    # Checked against RIG_AGENT_DOWN_MS: forgetting an agent sooner would make it "never heard
+    # from", so down (rule 3), before its silence had lasted RIG_AGENT_DOWN_MS.
+    agent_forget_ms: int = Field(
+        description=(
+            "an agent or consumer not heard from for this long leaves the registry: its "
+            "heartbeat rows and metric series are dropped (agents named in `RIG_AGENT_IDS` "
+            "stay listed); at least `RIG_AGENT_DOWN_MS`"
+        ),
+        default=604_800_000,
+        gt=0,
+    )
     dry_run: bool = Field(
         default=False, description="log and count decisions, change nothing in Redis"
     )
@@ -434,6 +445,14 @@ class Settings(RigSettings):
             "RIG_VIEWER_TOKENS, RIG_AGENT_TOKENS), so the API would be open to anyone; set "
             "tokens, or RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
         )
+
+    @field_validator("agent_forget_ms")
+    @classmethod
+    def _forget_after_down(cls, value: int, info: ValidationInfo) -> int:
+        down = info.data.get("agent_down_ms")
+        if isinstance(down, int) and value < down:
+            raise ValueError(f"must be at least RIG_AGENT_DOWN_MS ({down})")
+        return value
 
     @field_validator("k8s_enabled", mode="before")
     @classmethod

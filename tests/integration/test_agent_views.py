@@ -78,8 +78,10 @@ async def test_the_api_the_agents_page_and_the_overview_agree(
 async def test_all_three_read_the_one_read_model(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The API and the Agents page show `views.agents`' rows; the overview's tiles count the
+    registry with the same judgement (`views.state_of`), without listing it."""
     judged = [
-        views.AgentRow("a-e", datetime.now(UTC), 5, False, False, (), ("a-e-0",)),
+        views.AgentRow("a-e", datetime.now(UTC), 5, False, False, (), ("a-e-0",), 1),
         views.AgentRow("b-e", None, None, True, False, (), ()),
         views.AgentRow("c-e", datetime.now(UTC), 7, False, True, ("disk",), ()),
     ]
@@ -97,4 +99,7 @@ async def test_all_three_read_the_one_read_model(
     await sign_in(client, VIEWER)
     want = {"a-e": "up", "b-e": "down", "c-e": "degraded"}
     assert page_states((await client.get("/ui/agents")).text) == want
-    assert tiles((await client.get("/ui")).text) == {"up": 1, "down": 1, "degraded": 1}
+    assert tiles((await client.get("/ui")).text) == {"up": 0, "down": 4, "degraded": 0}
+    monkeypatch.setattr(views, "state_of", lambda **_: "degraded")
+    assert set(page_states((await client.get("/ui/agents")).text).values()) == {"degraded"}
+    assert tiles((await client.get("/ui")).text) == {"up": 0, "down": 0, "degraded": 4}

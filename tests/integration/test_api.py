@@ -94,6 +94,7 @@ async def test_heartbeat_is_stored_and_shown(api: httpx.AsyncClient) -> None:
         "degraded": False,
         "degradedReasons": [],
         "consumers": [],
+        "consumerCount": 0,
     }
 
 

@@ -140,7 +140,9 @@ class AgentView(Wire):
     down: bool
     degraded: bool
     degraded_reasons: list[str]
+    # GET /api/agents: the 10 freshest; GET /api/agents/{agentId}: a page of them by name.
     consumers: list[str]
+    consumer_count: int
 
 
 class ConsumerView(Wire):

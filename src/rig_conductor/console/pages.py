@@ -94,8 +94,24 @@ async def pending(
 
 
 @router.get("/agents")
-async def agents(request: Request, you: SessionDep) -> HTMLResponse:
-    return web.page(request, "agents.html", you, agents=await views.agents(web.runtime(request)))
+async def agents(
+    request: Request,
+    you: SessionDep,
+    after: Text | None = None,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = views.AGENTS_PAGE,
+) -> HTMLResponse:
+    """A page of agents by id (keyset: `after` the last id shown), next-only like the
+    pending entries: no page reads the whole registry."""
+    rows = await views.agents(web.runtime(request), after=after, limit=limit)
+    return web.page(
+        request,
+        "agents.html",
+        you,
+        agents=rows,
+        after=after,
+        limit=limit if limit != views.AGENTS_PAGE else None,
+        next_after=rows[-1].agent_id if len(rows) == limit else None,
+    )
 
 
 @router.get("/deadletters")

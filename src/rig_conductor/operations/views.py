@@ -15,10 +15,21 @@ from fnmatch import fnmatchcase
 
 from rig_conductor.adapters import failures, redis_inspect, redis_keys, redis_reading, redis_streams
 from rig_conductor.adapters.postgres import history, queries
-from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, GroupName, StreamKey
+from rig_conductor.domain import (
+    AgentId,
+    ConsumerName,
+    Evidence,
+    GroupInfo,
+    GroupName,
+    StreamKey,
+)
 from rig_conductor.policy.liveness import Fleet, age_ms
 from rig_conductor.runtime import Runtime
 from rig_conductor.settings import Settings
+
+AGENTS_PAGE = 100  # agents (or one agent's consumers) per page unless asked otherwise
+MAX_PAGE = 1_000
+LISTED_CONSUMERS = 10  # consumers listed with each agent of a page, the freshest
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +74,14 @@ class AgentRow:
     down: bool
     degraded: bool  # as its last heartbeat said
     degraded_reasons: tuple[str, ...]
+    # The freshest LISTED_CONSUMERS consumers that heartbeated for it (one agent's view: a
+    # page of them by name), and how many there are in all.
     consumers: tuple[str, ...]
+    consumer_count: int = 0
 
     @property
     def state(self) -> str:
-        if self.down:
-            return "down"
-        return "degraded" if self.degraded else "up"
+        return state_of(down=self.down, degraded=self.degraded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,41 +149,95 @@ async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
                 sum(c.pending for c in down),
             )
         )
-    states = [agent.state for agent in await agents(rt, known=known)]
     return Overview(
         known.now,
         rows,
-        AgentSummary(states.count("up"), states.count("down"), states.count("degraded")),
+        agent_summary(known, fleet),
         await history.recent_scans(rt.engine, tenant=rt.settings.tenant, limit=scans),
         dict(reading.failed),
     )
 
 
-async def agents(rt: Runtime, *, known: Evidence | None = None) -> list[AgentRow]:
-    """Every agent configured or heard from, by id: down by the reaper's rule 3 (no heartbeat
-    within RIG_AGENT_DOWN_MS, or none ever), with its last heartbeat's degraded state and
-    reasons and the consumers that heartbeated for it. `known`: evidence already loaded."""
-    if known is None:
-        known = await evidence(rt)
-    fleet = Fleet(known, rt.settings.limits)
-    _, reported = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
-    by_id = {row.agent_id: row for row in reported}
-    rows = []
-    for agent in sorted(known.known_agents):
-        beat = known.agent_heartbeats.get(agent)
-        row = by_id.get(agent)
-        rows.append(
-            AgentRow(
-                agent_id=agent,
-                last_heartbeat_at=beat.at if beat is not None else None,
-                heartbeat_age_ms=age_ms(beat, known.now),
-                down=not fleet.agent_up(agent),
-                degraded=beat.degraded if beat is not None else False,
-                degraded_reasons=row.degraded_reasons if row is not None else (),
-                consumers=tuple(row.consumers) if row is not None else (),
-            )
+async def agents(
+    rt: Runtime, *, after: str | None = None, limit: int = AGENTS_PAGE
+) -> list[AgentRow]:
+    """A page of the agents configured or heard from, by id after `after` (exclusive): down by
+    the reaper's rule 3 (no heartbeat within RIG_AGENT_DOWN_MS, or none ever), with its last
+    heartbeat's degraded state and reasons, its freshest consumers and how many it has.
+
+    Reads the page's agents and their `LISTED_CONSUMERS` freshest consumers, never the whole
+    registry (keyset pages in PostgreSQL)."""
+    tenant = rt.settings.tenant
+    now, states = await queries.agents_page(
+        rt.engine, tenant=tenant, configured=rt.settings.agent_ids, after=after, limit=limit
+    )
+    consumers = await queries.freshest_consumers(
+        rt.engine, tenant=tenant, agents=[s.agent_id for s in states], freshest=LISTED_CONSUMERS
+    )
+    fleet = _page_fleet(now, states, rt)
+    return [_row(state, fleet, *consumers[state.agent_id]) for state in states]
+
+
+async def agent(
+    rt: Runtime, agent_id: str, *, after: str | None = None, limit: int = AGENTS_PAGE
+) -> AgentRow | None:
+    """One agent, judged as in `agents`, with a page of its consumers by name after `after`
+    (exclusive); None when it is neither configured nor heard from."""
+    tenant = rt.settings.tenant
+    now, state = await queries.agent_state(rt.engine, tenant=tenant, agent=agent_id)
+    if state is None:
+        if agent_id not in rt.settings.agent_ids:
+            return None
+        state = queries.AgentState(AgentId(agent_id), None, ())
+    names = await queries.consumers_page(
+        rt.engine, tenant=tenant, agent=agent_id, after=after, limit=limit
+    )
+    counted = await queries.freshest_consumers(
+        rt.engine, tenant=tenant, agents=[agent_id], freshest=0
+    )
+    return _row(state, _page_fleet(now, [state], rt), names, counted[state.agent_id][1])
+
+
+def _page_fleet(now: datetime, states: list[queries.AgentState], rt: Runtime) -> Fleet:
+    """The reaper's rule 3 over the agents of one page: all it needs is their heartbeats."""
+    beats = {s.agent_id: s.heartbeat for s in states if s.heartbeat is not None}
+    known = Evidence(now, frozenset(s.agent_id for s in states), agent_heartbeats=beats)
+    return Fleet(known, rt.settings.limits)
+
+
+def _row(
+    state: queries.AgentState, fleet: Fleet, consumers: list[ConsumerName], count: int
+) -> AgentRow:
+    beat = state.heartbeat
+    return AgentRow(
+        agent_id=state.agent_id,
+        last_heartbeat_at=beat.at if beat is not None else None,
+        heartbeat_age_ms=age_ms(beat, fleet.evidence.now),
+        down=not fleet.agent_up(state.agent_id),
+        degraded=beat.degraded if beat is not None else False,
+        degraded_reasons=state.degraded_reasons,
+        consumers=tuple(consumers),
+        consumer_count=count,
+    )
+
+
+def agent_summary(known: Evidence, fleet: Fleet) -> AgentSummary:
+    """How many agents are up, down and degraded, judged as `agents` judges each."""
+    states = [
+        state_of(
+            down=not fleet.agent_up(agent),
+            degraded=(beat := known.agent_heartbeats.get(agent)) is not None and beat.degraded,
         )
-    return rows
+        for agent in known.known_agents
+    ]
+    return AgentSummary(states.count("up"), states.count("down"), states.count("degraded"))
+
+
+def state_of(*, down: bool, degraded: bool) -> str:
+    """An agent's state as the console and the overview show it: down outranks degraded."""
+    if down:
+        return "down"
+    return "degraded" if degraded else "up"
 
 
 async def reclaims(

@@ -35,7 +35,7 @@ from rig_conductor.domain import (
     PendingEntry,
     PodState,
 )
-from rig_conductor.policy import liveness, reclaim
+from rig_conductor.policy import liveness, reclaim, registry
 from rig_conductor.reaper import cleanup, journal, moves, observe, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
@@ -127,6 +127,8 @@ async def reap_once(
     if hygiene and pods and not report.dry_run:
         with report.timing("cleanup"):
             await _remove_consumers(world, groups, evidence, limits)
+    with report.timing("forget"):
+        await _forget(report, world, groups, fleet, engine=engine, settings=settings)
     with report.timing("observe"):
         report.consumers_without_heartbeat = await observe.observe(
             groups=groups,
@@ -388,6 +390,40 @@ async def _record_dead_letters(
     await queries.append_events(engine, tenant=tenant, rows=rows)
     entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
     await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=entries)
+
+
+async def _forget(
+    report: ScanReport,
+    world: reading.Reading,
+    groups: list[GroupInfo],
+    fleet: liveness.Fleet,
+    *,
+    engine: AsyncEngine,
+    settings: Settings,
+) -> None:
+    """Drop the heartbeat rows of agents and consumers silent past RIG_AGENT_FORGET_MS, but for
+    those `policy.registry` keeps. Their gauges go at the next refresh (`observe`). Not in a
+    dry run (it changes nothing), nor after a partial reading: the consumers of a node left
+    out would not be kept."""
+    if report.dry_run or world.failed:
+        return
+    plan = registry.plan_forgetting(
+        groups, fleet, forget_ms=settings.agent_forget_ms, configured=settings.agent_ids
+    )
+    agents, consumers = await queries.forget_silent(
+        engine,
+        tenant=settings.tenant,
+        before=plan.before,
+        keep_agents=plan.keep_agents,
+        keep_consumers=plan.keep_consumers,
+    )
+    if agents or consumers:
+        logger.info(
+            "Registry: forgot %d agents and %d consumers not heard from for %d ms",
+            agents,
+            consumers,
+            settings.agent_forget_ms,
+        )
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -127,3 +127,5 @@ def _refresh_gauges(
         up[(agent,)] = 1.0 if fleet.agent_up(agent) else 0.0
     metrics.replace(metrics.heartbeat_age, ages)
     metrics.replace(metrics.agent_up, up)
+    # The agents the registry forgot since the last scan: every series naming them goes.
+    metrics.registry_read(evidence.known_agents)

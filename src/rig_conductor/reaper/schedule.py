@@ -1,5 +1,7 @@
 """The reaper inside `serve`: APScheduler runs one scan every RIG_SCAN_INTERVAL_S after
-RIG_STARTUP_DELAY_S, never two at once, and the event-log retention once a day.
+RIG_STARTUP_DELAY_S, never two at once, and the event-log retention once a day. Every
+replica, leading or not, drops on that schedule the metric series of agents it no longer hears
+from (RIG_AGENT_FORGET_MS).
 
 With several replicas only the elected one reaps (a Kubernetes Lease, else a PostgreSQL
 advisory lock); the others skip their scheduled scans. With Kubernetes on, each scan lists the
@@ -188,6 +190,7 @@ class ReaperService:
         await self._unless_stopping(self._scan_on_schedule())
 
     async def _scan_on_schedule(self) -> None:
+        self._forget_series()
         if not self.leading:
             logger.debug("Not the active reaper: scheduled scan skipped")
             return
@@ -205,6 +208,18 @@ class ReaperService:
                 report.no_target,
                 report.duration_ms,
             )
+
+    def _forget_series(self) -> None:
+        """Drop the metric series of agents silent past RIG_AGENT_FORGET_MS: on every replica,
+        since each exports the series of the heartbeats it took in. (Only the active reaper
+        deletes their rows: `cycle.reap_once`.)"""
+        if self._metrics is None:
+            return
+        cutoff = time.time() - self._settings.agent_forget_ms / 1000
+        keep = {*self._settings.agent_ids}
+        gone = self._metrics.forget_silent(before=cutoff, keep=keep)
+        if gone:
+            logger.info("Metrics: dropped the series of %d agents no longer heard from", len(gone))
 
     async def _retention(self) -> None:
         await self._unless_stopping(self._retain())

@@ -278,3 +278,169 @@ async def delete_old_events(
         deleted += result.rowcount
         if result.rowcount < batch:
             return deleted
+
+
+FORGET_BATCH = 10_000
+
+# One bounded DELETE per table: the oldest rows first through the index on
+# (tenant, last_heartbeat_at); the cutoff repeated outside the sub-select so that a row a
+# heartbeat refreshed meanwhile is re-checked under its lock and stays (a row deleted first is
+# simply inserted again by that heartbeat). What is left over goes in the next scan.
+_FORGET_SQL = """
+DELETE FROM {table} WHERE tenant = :tenant AND last_heartbeat_at < :before
+   AND {key} <> ALL(CAST(:keep AS text[]))
+   AND ctid = ANY(ARRAY(
+       SELECT ctid FROM {table}
+        WHERE tenant = :tenant AND last_heartbeat_at < :before
+          AND {key} <> ALL(CAST(:keep AS text[]))
+        ORDER BY last_heartbeat_at LIMIT :batch))
+"""
+
+
+async def forget_silent(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    before: datetime,
+    keep_agents: Iterable[str],
+    keep_consumers: Iterable[str],
+    batch: int = FORGET_BATCH,
+) -> tuple[int, int]:
+    """Delete the agent and consumer heartbeat rows last heard from before `before`, except
+    those named to keep, at most `batch` of each; returns how many of each went. The event log
+    keeps every heartbeat they ever sent (the audit reads it)."""
+    counts: list[int] = []
+    async with engine.begin() as conn:
+        for table, key, keep in (
+            ("agent_heartbeats", "agent_id", keep_agents),
+            ("consumer_heartbeats", "consumer", keep_consumers),
+        ):
+            params = {"tenant": tenant, "before": before, "keep": sorted(keep), "batch": batch}
+            result = await conn.execute(text(_FORGET_SQL.format(table=table, key=key)), params)
+            counts.append(result.rowcount)
+    return counts[0], counts[1]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentState:
+    """One agent of a page: its latest heartbeat, or None for an agent configured and never
+    heard from (or forgotten)."""
+
+    agent_id: AgentId
+    heartbeat: Heartbeat | None
+    degraded_reasons: tuple[str, ...]
+
+
+# A page of agent ids in keyset order: those with a row (the primary key's order, read no
+# further than the page) merged with the configured ones, all compared by PostgreSQL, so the
+# order and the `after` cursor agree whatever the collation.
+_AGENTS_PAGE_SQL = """
+WITH page AS (
+    SELECT agent_id FROM (
+        (SELECT agent_id FROM agent_heartbeats WHERE tenant = :tenant AND agent_id > :after
+          ORDER BY agent_id LIMIT :limit)
+        UNION
+        SELECT agent_id FROM unnest(CAST(:configured AS text[])) AS c(agent_id)
+         WHERE agent_id > :after
+    ) ids ORDER BY agent_id LIMIT :limit
+)
+SELECT p.agent_id, a.last_heartbeat_at, a.degraded, a.degraded_since, a.degraded_reasons
+  FROM page p LEFT JOIN agent_heartbeats a ON a.tenant = :tenant AND a.agent_id = p.agent_id
+ ORDER BY p.agent_id
+"""
+
+# The freshest consumers of each agent of a page, from the index on
+# (tenant, agent_id, last_heartbeat_at DESC, consumer): `:freshest` rows per agent read.
+_FRESHEST_SQL = """
+SELECT a.agent_id, c.consumer FROM unnest(CAST(:agents AS text[])) AS a(agent_id)
+ CROSS JOIN LATERAL (
+     SELECT consumer FROM consumer_heartbeats
+      WHERE tenant = :tenant AND agent_id = a.agent_id
+      ORDER BY last_heartbeat_at DESC, consumer LIMIT :freshest) c
+"""
+
+
+async def agents_page(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    configured: Iterable[str],
+    after: str | None,
+    limit: int,
+) -> tuple[datetime, list[AgentState]]:
+    """Up to `limit` agents after `after` (exclusive) in agent id order, heard from or
+    configured, and PostgreSQL's `now()`."""
+    params = {
+        "tenant": tenant,
+        "after": after or "",
+        "limit": limit,
+        "configured": sorted({a.strip() for a in configured if a.strip()}),
+    }
+    async with engine.connect() as conn:
+        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        rows = (await conn.execute(text(_AGENTS_PAGE_SQL), params)).all()
+    return now, [
+        AgentState(
+            AgentId(agent_id),
+            Heartbeat(at, degraded, since) if at is not None else None,
+            tuple(reasons or ()),
+        )
+        for agent_id, at, degraded, since, reasons in rows
+    ]
+
+
+async def freshest_consumers(
+    engine: AsyncEngine, *, tenant: str, agents: Sequence[str], freshest: int
+) -> dict[AgentId, tuple[list[ConsumerName], int]]:
+    """For each agent, its `freshest` most recently heard consumers (freshest first) and how
+    many consumers it has in all."""
+    params = {"tenant": tenant, "agents": list(agents), "freshest": freshest}
+    count = (
+        select(consumer_heartbeats.c.agent_id, func.count())
+        .where(
+            consumer_heartbeats.c.tenant == tenant,
+            consumer_heartbeats.c.agent_id.in_(list(agents)),
+        )
+        .group_by(consumer_heartbeats.c.agent_id)
+    )
+    async with engine.connect() as conn:
+        listed = (await conn.execute(text(_FRESHEST_SQL), params)).all()
+        counts: dict[str, int] = {a: n for a, n in (await conn.execute(count)).all()}
+    found: dict[AgentId, tuple[list[ConsumerName], int]] = {
+        AgentId(a): ([], int(counts.get(a, 0))) for a in agents
+    }
+    for agent_id, consumer in listed:
+        found[AgentId(agent_id)][0].append(ConsumerName(consumer))
+    return found
+
+
+async def consumers_page(
+    engine: AsyncEngine, *, tenant: str, agent: str, after: str | None, limit: int
+) -> list[ConsumerName]:
+    """Up to `limit` consumers of `agent` after `after` (exclusive), by name."""
+    c = consumer_heartbeats.c
+    query = (
+        select(c.consumer)
+        .where(c.tenant == tenant, c.agent_id == agent, c.consumer > (after or ""))
+        .order_by(c.consumer)
+        .limit(limit)
+    )
+    async with engine.connect() as conn:
+        return [ConsumerName(name) for name in (await conn.execute(query)).scalars()]
+
+
+async def agent_state(
+    engine: AsyncEngine, *, tenant: str, agent: str
+) -> tuple[datetime, AgentState | None]:
+    """One agent's latest heartbeat (None when it has no row), and PostgreSQL's `now()`."""
+    a = agent_heartbeats.c
+    query = select(a.last_heartbeat_at, a.degraded, a.degraded_since, a.degraded_reasons).where(
+        a.tenant == tenant, a.agent_id == agent
+    )
+    async with engine.connect() as conn:
+        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        row = (await conn.execute(query)).first()
+    if row is None:
+        return now, None
+    at, degraded, since, reasons = row
+    return now, AgentState(AgentId(agent), Heartbeat(at, degraded, since), tuple(reasons))

@@ -33,6 +33,8 @@ agent_heartbeats = Table(
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("degraded_since", DateTime(timezone=True)),
+    # Who is silent past RIG_AGENT_FORGET_MS (migration 0009). Pages go by the primary key.
+    Index("ix_agent_heartbeats_heard", "tenant", "last_heartbeat_at"),
 )
 
 consumer_heartbeats = Table(
@@ -46,6 +48,17 @@ consumer_heartbeats = Table(
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("degraded_since", DateTime(timezone=True)),
+    # An agent's consumers by name (pages), freshest first (its 10 listed), and who is silent
+    # past RIG_AGENT_FORGET_MS (migration 0009).
+    Index("ix_consumer_heartbeats_agent", "tenant", "agent_id", "consumer"),
+    Index(
+        "ix_consumer_heartbeats_agent_fresh",
+        "tenant",
+        "agent_id",
+        text("last_heartbeat_at DESC"),
+        "consumer",
+    ),
+    Index("ix_consumer_heartbeats_heard", "tenant", "last_heartbeat_at"),
 )
 
 # Append-only: every heartbeat, dispatch, reclaim and dead letter. The audit reads it.

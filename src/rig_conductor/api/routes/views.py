@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from rig_conductor import roles
 from rig_conductor.adapters import redis_reading
@@ -19,22 +19,75 @@ from rig_conductor.scan_report import ScanReport
 router = APIRouter(tags=["views"], responses=schemas.ERRORS)
 
 
+Limit = Annotated[
+    int,
+    Query(ge=1, le=views.MAX_PAGE, description="page size (at most 1,000)"),
+]
+After = Annotated[
+    str | None,
+    Query(min_length=1, max_length=256, description="the last name of the previous page"),
+]
+
+
 @router.get("/agents", response_model=list[schemas.AgentView], response_model_by_alias=True)
-async def list_agents(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.AgentView]:
-    """Every agent that heartbeated or is configured, judged as the reaper judges it, at the
-    database's clock."""
-    return [
-        schemas.AgentView(
-            agent_id=agent.agent_id,
-            last_heartbeat_at=agent.last_heartbeat_at,
-            heartbeat_age_ms=agent.heartbeat_age_ms,
-            down=agent.down,
-            degraded=agent.degraded,
-            degraded_reasons=list(agent.degraded_reasons),
-            consumers=list(agent.consumers),
-        )
-        for agent in await views.agents(rt)
-    ]
+async def list_agents(
+    rt: Annotated[Runtime, Depends(runtime)],
+    request: Request,
+    response: Response,
+    limit: Limit = views.AGENTS_PAGE,
+    after: After = None,
+) -> list[schemas.AgentView]:
+    """A page of the agents that heartbeated or are configured, by agent id after `after`,
+    judged as the reaper judges them at the database's clock; each with its freshest 10
+    consumers and `consumerCount`. A full page carries a `Link: rel="next"` header."""
+    rows = await views.agents(rt, after=after, limit=limit)
+    if len(rows) == limit:
+        _link_next(request, response, rows[-1].agent_id)
+    return [_agent_view(agent) for agent in rows]
+
+
+@router.get(
+    "/agents/{agentId:path}",
+    response_model=schemas.AgentView,
+    response_model_by_alias=True,
+    responses={404: {"model": schemas.Problem, "description": "no such agent"}},
+)
+async def one_agent(
+    rt: Annotated[Runtime, Depends(runtime)],
+    request: Request,
+    response: Response,
+    agent_id: Annotated[str, Path(alias="agentId", min_length=1, max_length=256)],
+    limit: Limit = views.AGENTS_PAGE,
+    after: After = None,
+) -> schemas.AgentView:
+    """One agent, configured or heard from, with a page of its consumers by name after
+    `after`, and `consumerCount`, all of them. A full page carries a `Link: rel="next"`."""
+    row = await views.agent(rt, agent_id, after=after, limit=limit)
+    if row is None:
+        raise HTTPException(404, detail=f"no agent {agent_id!r}")
+    if len(row.consumers) == limit:
+        _link_next(request, response, row.consumers[-1])
+    return _agent_view(row)
+
+
+def _link_next(request: Request, response: Response, last: str) -> None:
+    """The next page, as a reference relative to this one (query only), so it holds under
+    RIG_HTTP_ROOT_PATH whether the ingress strips the prefix or not."""
+    query = request.url.include_query_params(after=last).query
+    response.headers["Link"] = f'<?{query}>; rel="next"'
+
+
+def _agent_view(agent: views.AgentRow) -> schemas.AgentView:
+    return schemas.AgentView(
+        agent_id=agent.agent_id,
+        last_heartbeat_at=agent.last_heartbeat_at,
+        heartbeat_age_ms=agent.heartbeat_age_ms,
+        down=agent.down,
+        degraded=agent.degraded,
+        degraded_reasons=list(agent.degraded_reasons),
+        consumers=list(agent.consumers),
+        consumer_count=agent.consumer_count,
+    )
 
 
 @router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
