@@ -32,7 +32,7 @@ from redis.utils import HIREDIS_AVAILABLE
 if HIREDIS_AVAILABLE:
     import hiredis
 
-from rig_conductor.settings import RigSettings
+from rig_conductor.settings_base import RigSettings
 
 logger = logging.getLogger(__name__)
 

@@ -102,7 +102,7 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
     from rig_conductor import logs
     from rig_conductor.agent import lease, process
     from rig_conductor.agent.settings import load_agent_settings
-    from rig_conductor.settings import SettingsError
+    from rig_conductor.settings_base import SettingsError
 
     try:
         settings = load_agent_settings()

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
-from rig_conductor.settings import ENV_PREFIX, RigSettings, SettingsError, explain
+from rig_conductor.settings_base import ENV_PREFIX, RigSettings, SettingsError, explain
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
 _SECRET_FIELDS = frozenset({"redis_url", "api_token", "redis_sentinel_password"})

@@ -20,7 +20,7 @@ from sqlalchemy.exc import ArgumentError
 
 from rig_conductor.adapters import redis_client, redis_keys
 from rig_conductor.adapters.redis_client import AnySyncRedis
-from rig_conductor.settings import RigSettings
+from rig_conductor.settings_base import RigSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -15,7 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
 from rig_conductor.domain import AgentId, ConsumerName, Evidence, Heartbeat, PodState
-from rig_conductor.policy import agents as agent_policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +181,8 @@ async def load_evidence(
         consumers = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
     return Evidence(
         now=now,
-        known_agents=agent_policy.known_agents(configured_agents, agents),
+        # The configured ids (settings drop blanks) and every id a heartbeat named.
+        known_agents=frozenset(map(AgentId, configured_agents)) | agents.keys(),
         agent_heartbeats=agents,
         consumer_heartbeats=consumers,
         pods=pods or {},

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
-from rig_conductor import roles
+from rig_conductor import domain, roles
 from rig_conductor.adapters import redis_reading
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.api import schemas
@@ -24,8 +24,8 @@ Limit = Annotated[
     Query(ge=1, le=views.MAX_PAGE, description="page size (at most 1,000)"),
 ]
 After = Annotated[
-    str | None,
-    Query(min_length=1, max_length=256, description="the last name of the previous page"),
+    schemas.NameParam | None,
+    Query(max_length=domain.NAME_MAX_LENGTH, description="the last name of the previous page"),
 ]
 
 
@@ -56,7 +56,9 @@ async def one_agent(
     rt: Annotated[Runtime, Depends(runtime)],
     request: Request,
     response: Response,
-    agent_id: Annotated[str, Path(alias="agentId", min_length=1, max_length=256)],
+    agent_id: Annotated[
+        schemas.NameParam, Path(alias="agentId", max_length=domain.NAME_MAX_LENGTH)
+    ],
     limit: Limit = views.AGENTS_PAGE,
     after: After = None,
 ) -> schemas.AgentView:
