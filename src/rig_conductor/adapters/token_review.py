@@ -163,6 +163,13 @@ class TokenReviewer:
             until = min(until, expiry)
         if until > self._clock():
             self._remember(self._accepted, key, _Remembered(until, identity), self._max_entries)
+        logger.debug(
+            "TokenReview: pod %s/%s (ServiceAccount %s), reused until %.0f",
+            identity.namespace,
+            identity.pod,
+            identity.service_account,
+            until,
+        )
         return identity
 
     @staticmethod
@@ -203,10 +210,11 @@ def identity_of(
     if audience not in (status.audiences or ()):
         raise Unauthenticated(f"the token is not for the audience {audience!r}")
     user = status.user or client.V1UserInfo()
-    account_namespace, _, account = (
-        (user.username or "").removeprefix(SERVICE_ACCOUNT_PREFIX).partition(":")
-    )
-    if not (user.username or "").startswith(SERVICE_ACCOUNT_PREFIX) or not account:
+    username = str(user.username or "")
+    if not username.startswith(SERVICE_ACCOUNT_PREFIX):
+        raise Unauthenticated("the token is not a ServiceAccount token")
+    account_namespace, _, account = username.removeprefix(SERVICE_ACCOUNT_PREFIX).partition(":")
+    if not account:
         raise Unauthenticated("the token is not a ServiceAccount token")
     if account_namespace != namespace:
         raise Unauthenticated(
