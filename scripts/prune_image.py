@@ -1,11 +1,12 @@
 """Remove from an installed environment what the conductor never loads (run by the Dockerfile,
 in the step that installs the wheels, so no layer keeps what it removes).
 
-- The Kubernetes client: its asyncio copy (kubernetes.aio), every API group but the two the
-  conductor calls (core/v1 for pods, coordination/v1 for the Lease), and every model that no
-  response of those calls can contain. The client loads APIs and models lazily by name, so what
-  is left is all that can ever be imported; the models kept are the closure of the responses'
-  `openapi_types`, so deserialisation finds every class it needs.
+- The Kubernetes client: its asyncio copy (kubernetes.aio), every API group but the three the
+  conductor calls (core/v1 for pods, coordination/v1 for the Lease, authentication/v1 for the
+  agents' TokenReviews), and every model that no request or response of those calls can
+  contain. The client loads APIs and models lazily by name, so what is left is all that can
+  ever be imported; the models kept are the closure of those objects' `openapi_types`, so
+  (de)serialisation finds every class it needs.
 - SQLAlchemy's test suite (its dialects stay: alembic imports every one of them).
 
     python scripts/prune_image.py [site-packages]   # default: the running interpreter's
@@ -20,9 +21,17 @@ import sys
 import sysconfig
 from pathlib import Path
 
-KEEP_APIS = {"core_v1_api", "coordination_v1_api"}
-# What those calls answer (and the errors and watch events they carry).
-RESPONSES = {"V1Pod", "V1PodList", "V1Lease", "V1LeaseList", "V1Status", "V1DeleteOptions"}
+KEEP_APIS = {"core_v1_api", "coordination_v1_api", "authentication_v1_api"}
+# What those calls send and answer (and the errors and watch events they carry).
+RESPONSES = {
+    "V1Pod",
+    "V1PodList",
+    "V1Lease",
+    "V1LeaseList",
+    "V1Status",
+    "V1DeleteOptions",
+    "V1TokenReview",
+}
 _TYPE_NAME = re.compile(r"[A-Z][A-Za-z0-9]+")
 _BUILTIN = {"str", "int", "float", "bool", "date", "datetime", "object", "dict", "list"}
 

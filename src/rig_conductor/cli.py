@@ -119,13 +119,16 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if (problem := _redis_access_problem(settings)) is not None:
         logger.error("Refusing to start: %s", problem)
         return EXIT_USAGE
-    from rig_conductor.adapters import kubernetes
+    from rig_conductor.adapters import kubernetes, token_review
     from rig_conductor.reaper import podwatch
 
     try:
         kube = podwatch.api_client(settings, environ=os.environ)
     except kubernetes.KubernetesConfigError as exc:
         logger.error("RIG_K8S_ENABLED=true, but %s", exc)
+        return EXIT_USAGE
+    if (problem := token_review.startup_problem(settings, environ=os.environ)) is not None:
+        logger.error("%s", problem)
         return EXIT_USAGE
     config = uvicorn.Config(
         create_app(settings, kube=kube),

@@ -208,6 +208,19 @@ class Settings(RigSettings):
         default=30,
         ge=1,
     )
+    k8s_agent_auth: bool = Field(
+        default=False,
+        description=(
+            "agents may authenticate with their pod's projected ServiceAccount token, checked "
+            "with a Kubernetes TokenReview (audience `RIG_K8S_TOKEN_AUDIENCE`); the pod speaks "
+            "only for itself. The conductor's ServiceAccount needs `create` on `tokenreviews`"
+        ),
+    )
+    k8s_token_audience: str = Field(
+        default="rig-conductor",
+        min_length=1,
+        description="the audience agents' projected ServiceAccount tokens must carry",
+    )
 
     @field_validator("streams", "agent_ids", mode="before")
     @classmethod

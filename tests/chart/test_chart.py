@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -15,6 +16,7 @@ from tests import needs
 from tests.chart import chartcheck
 from tests.chart.conftest import (
     ALL_FEATURES,
+    FULLNAME,
     KUBE_VERSIONS,
     NAMESPACE,
     REPO,
@@ -112,7 +114,8 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_K8S_NAMESPACE": NAMESPACE, "RIG_EVENT_RETENTION_DAYS": "30",
                 "RIG_STREAMS": "rig:dispatch,assignments:*", "RIG_DRY_RUN": "false",
                 "RIG_HTTP_ROOT_PATH": "", "RIG_ALLOW_ANONYMOUS": "false",
-                "RIG_FORWARDED_ALLOW_IPS": "",
+                "RIG_FORWARDED_ALLOW_IPS": "", "RIG_K8S_AGENT_AUTH": "false",
+                "RIG_K8S_TOKEN_AUDIENCE": "rig-conductor",
             }
         ),
     )  # fmt: skip
@@ -263,3 +266,43 @@ def test_the_ingress_serves_api_and_console_under_the_root_path(render: Render) 
     }
     assert ingress["spec"]["tls"] == [{"secretName": "rig-tls", "hosts": ["rig.example.com"]}]
     assert not chartcheck.find(chartcheck.load(str(render(name="no-ingress"))), "Ingress")
+
+
+def test_agent_auth_sets_its_settings_and_binds_the_auth_delegator(render: Render) -> None:
+    def conductor(docs: list[dict[str, Any]]) -> tuple[dict[str, str | None], dict[str, Any]]:
+        [deployment] = chartcheck.find(docs, "Deployment")
+        pod = deployment["spec"]["template"]["spec"]
+        return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}, pod
+
+    off = chartcheck.load(str(render(name="off")))
+    assert not chartcheck.find(off, "ClusterRoleBinding")
+    assert not chartcheck.find(off, "ClusterRole")
+
+    on = chartcheck.load(
+        str(
+            render(
+                "--set", "agentAuth.enabled=true", "--set", "agentAuth.audience=rigs",
+                "--set", "config.k8sEnabled=false", name="on",
+            )
+        )
+    )  # fmt: skip
+    [binding] = chartcheck.find(on, "ClusterRoleBinding")
+    assert binding["metadata"]["name"] == f"{NAMESPACE}-{FULLNAME}-auth-delegator"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "system:auth-delegator",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}
+    ]
+    assert not chartcheck.find(on, "ClusterRole")  # the built-in one, never a copy of ours
+    env, pod = conductor(on)
+    assert (env["RIG_K8S_AGENT_AUTH"], env["RIG_K8S_TOKEN_AUDIENCE"]) == ("true", "rigs")
+    # No pod watch, but the TokenReviews need the conductor's own token.
+    assert env["RIG_K8S_ENABLED"] == "false" and pod["automountServiceAccountToken"] is True
+    _, watchless = conductor(chartcheck.load(str(render("--set", "config.k8sEnabled=false"))))
+    assert watchless["automountServiceAccountToken"] is False
+
+    no_rbac = render("--set", "agentAuth.enabled=true", "--set", "rbac.create=false", name="none")
+    assert not chartcheck.find(chartcheck.load(str(no_rbac)), "ClusterRoleBinding")

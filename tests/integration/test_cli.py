@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -171,3 +172,13 @@ def test_demo_shows_a_reclaim_on_embedded_servers() -> None:
     assert done.stderr.count("[StreamReclaim] Reclaimed") == 4
     assert "Demo done: 6 issues completed, all by builder-a-rig-agent-runtime-0" in done.stderr
     assert re.search(r"Console: http://127\.0\.0\.1:\d+/ui ", done.stderr)
+
+
+def test_serve_refuses_agent_auth_without_kubernetes(env: dict[str, str], tmp_path: Path) -> None:
+    nowhere = {**env, "RIG_K8S_AGENT_AUTH": "true", "KUBECONFIG": str(tmp_path / "missing")}
+    serve = run("serve", env={**nowhere, "RIG_HTTP_PORT": "1"})  # refused before it binds
+    assert serve.returncode == 2, serve.stderr
+    lines = serve.stderr.splitlines()
+    refusal = [line for line in lines if "RIG_K8S_AGENT_AUTH=true, but" in line]
+    assert len(refusal) == 1 and "no in-cluster configuration" in refusal[0]
+    assert "Traceback" not in serve.stderr

@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,7 @@ def test_defaults_are_the_contract() -> None:
         "RIG_REDIS_TLS_KEY_FILE": None,
         "RIG_CONDUCTOR_URL": "http://localhost:8080",
         "RIG_API_TOKEN": None,
+        "RIG_API_TOKEN_FILE": None,
         "RIG_HEARTBEAT_INTERVAL_S": 10.0,
         "RIG_SCAN_INTERVAL_S": 60.0,
         "RIG_MAX_DELIVERIES": 5,
@@ -80,6 +82,44 @@ def test_a_bad_value_is_one_line_naming_the_variable(
         load_agent_settings()
     assert str(caught.value).startswith(f"{variable}: ")
     assert "\n" not in str(caught.value)
+
+
+def test_the_token_may_come_from_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("  projected.jwt.token\n")
+    monkeypatch.setenv("RIG_API_TOKEN_FILE", str(tmp_path / "token"))
+    settings = load_agent_settings()
+    assert settings.api_token_file == tmp_path / "token"
+    assert settings.token is None  # read per request by the conductor client, not here
+    assert "projected" not in str(settings.describe())
+
+
+def test_a_token_and_a_token_file_together_are_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "token").write_text("projected.jwt.token")
+    monkeypatch.setenv("RIG_API_TOKEN", "s3cret-s3cret-s3cret")
+    monkeypatch.setenv("RIG_API_TOKEN_FILE", str(tmp_path / "token"))
+    with pytest.raises(SettingsError) as caught:
+        load_agent_settings()
+    assert str(caught.value).startswith("RIG_API_TOKEN_FILE: RIG_API_TOKEN and RIG_API_TOKEN_FILE")
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize("content", [None, b"", b"  \n", b"\xff\xfe"])
+def test_an_unusable_token_file_exits_2_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes | None,
+) -> None:
+    path = tmp_path / "token"
+    if content is not None:
+        path.write_bytes(content)
+    monkeypatch.setenv("RIG_API_TOKEN_FILE", str(path))
+    assert cli.main(_args("--agent-id", "a", "--group", "g", "--handler", "json:dumps")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rig-conductor: RIG_API_TOKEN_FILE: ") and str(path) in err
+    assert err.count("\n") == 1
 
 
 def test_secrets_are_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """The image's pruned Kubernetes client (scripts/prune_image.py) still does all the conductor
-asks of it: the pod and Lease APIs, and every model a pod list, a pod or a Lease can carry."""
+asks of it: the pod, Lease and TokenReview APIs, and every model a pod list, a pod, a Lease or a
+TokenReview can carry."""
 
 from __future__ import annotations
 
@@ -50,6 +51,22 @@ POD = {
         ],
     },
 }
+REVIEW = {
+    "kind": "TokenReview",
+    "apiVersion": "authentication.k8s.io/v1",
+    "metadata": {"creationTimestamp": None},
+    "spec": {"token": "t", "audiences": ["rig-conductor"]},
+    "status": {
+        "authenticated": True,
+        "audiences": ["rig-conductor"],
+        "user": {
+            "username": "system:serviceaccount:n:sa",
+            "uid": "u",
+            "groups": ["system:serviceaccounts"],
+            "extra": {"authentication.kubernetes.io/pod-name": ["p"]},
+        },
+    },
+}
 LEASE = {
     "metadata": {"name": "l"},
     "spec": {
@@ -65,9 +82,15 @@ import kubernetes
 from kubernetes import client, config, watch
 assert kubernetes.__file__.startswith(sys.argv[1]), kubernetes.__file__
 import rig_conductor.adapters.kubernetes, rig_conductor.reaper.leader, rig_conductor.reaper.podwatch
+from rig_conductor.adapters import token_review
 api = client.ApiClient()
-client.CoreV1Api(api), client.CoordinationV1Api(api)
-pods, lease = sys.argv[2], sys.argv[3]
+client.CoreV1Api(api), client.CoordinationV1Api(api), client.AuthenticationV1Api(api)
+pods, lease, review = sys.argv[2], sys.argv[3], sys.argv[4]
+asked = client.V1TokenReview(spec=client.V1TokenReviewSpec(token="t", audiences=["a"]))
+assert api.sanitize_for_serialization(asked)["spec"]["audiences"] == ["a"]
+review = api.deserialize(review, "V1TokenReview", "application/json")
+identity = token_review.identity_of(review.status, audience="rig-conductor", namespace="n")
+assert (identity.pod, identity.service_account) == ("p", "sa")
 pods = api.deserialize(pods, "V1PodList", "application/json")
 assert pods.items[0].spec.containers[0].readiness_probe.http_get.path == "/readyz"
 assert api.deserialize(lease, "V1Lease", "application/json").spec.holder_identity == "me"
@@ -85,11 +108,11 @@ def test_the_pruned_client_serves_the_conductor(tmp_path: Path) -> None:
     assert pruned.returncode == 0, pruned.stderr
     assert not (site / "kubernetes" / "aio").exists()
     apis = {p.stem for p in (site / "kubernetes" / "client" / "api").glob("*.py")}
-    assert apis == {"__init__", "core_v1_api", "coordination_v1_api"}
+    assert apis == {"__init__", "core_v1_api", "coordination_v1_api", "authentication_v1_api"}
     done = subprocess.run(
         [
             sys.executable, "-c", CHECK, str(site),
-            json.dumps({"metadata": {}, "items": [POD]}), json.dumps(LEASE),
+            json.dumps({"metadata": {}, "items": [POD]}), json.dumps(LEASE), json.dumps(REVIEW),
         ],
         capture_output=True, text=True, check=False, cwd=tmp_path,
     )  # fmt: skip

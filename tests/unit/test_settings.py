@@ -50,6 +50,8 @@ CONTRACT_DEFAULTS = {
     "RIG_REDIS_TLS_KEY_FILE": None,
     "RIG_REDIS_WAIT_REPLICAS": 0,
     "RIG_SESSION_SECRET": None,
+    "RIG_K8S_AGENT_AUTH": False,
+    "RIG_K8S_TOKEN_AUDIENCE": "rig-conductor",
 }
 
 
@@ -115,6 +117,8 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_LOG_FORMAT", "xml", "'text' or 'json'"),
         ("RIG_K8S_ENABLED", "maybe", "'true', 'false' or 'auto'"),
         ("RIG_DRY_RUN", "perhaps", "valid boolean"),
+        ("RIG_K8S_AGENT_AUTH", "perhaps", "valid boolean"),
+        ("RIG_K8S_TOKEN_AUDIENCE", "", "at least 1 character"),
         ("RIG_REDIS_URL", "localhost:6379", "redis://"),
         ("RIG_DATABASE_URL", "not a url", "database URL"),
         ("RIG_DATABASE_URL", "mysql://u@h/db", "postgresql://"),

@@ -98,6 +98,14 @@ True when the Kubernetes pod watch may be on (RIG_K8S_ENABLED is not "false").
 {{- end }}
 
 {{/*
+True when the conductor talks to the Kubernetes API at all: the pod watch, or the TokenReviews
+of agent auth. Its ServiceAccount token is mounted only then.
+*/}}
+{{- define "rig-conductor.k8sClient" -}}
+{{- if or (include "rig-conductor.k8sWatch" .) .Values.agentAuth.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
 A comma list from either a string or a list of strings.
 */}}
 {{- define "rig-conductor.commaList" -}}
@@ -274,6 +282,10 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ include "rig-conductor.k8sNamespace" $root | quote }}
 - name: RIG_K8S_LABEL_SELECTOR
   value: {{ $c.k8sLabelSelector | quote }}
+- name: RIG_K8S_AGENT_AUTH
+  value: {{ $root.Values.agentAuth.enabled | toString | quote }}
+- name: RIG_K8S_TOKEN_AUDIENCE
+  value: {{ $root.Values.agentAuth.audience | quote }}
 - name: RIG_LOG_FORMAT
   value: {{ $c.logFormat | quote }}
 - name: RIG_TENANT
@@ -338,7 +350,7 @@ checkov.io/skip2: CKV_K8S_15=The pull policy is image.pullPolicy - pin image.dig
 checkov.io/skip3: CKV_K8S_43=image.digest pins the image by digest; the default renders the tag so a chart installs without a registry lookup
 checkov.io/skip4: CKV_K8S_35=The RIG_* settings are environment variables by contract; they come from a Secret by reference, never inline
 {{- if eq .kind "workload" }}
-checkov.io/skip5: CKV_K8S_38=The token is mounted only when config.k8sEnabled is not false - the pod watch and the Lease need it
+checkov.io/skip5: CKV_K8S_38=The token is mounted only when config.k8sEnabled is not false or agentAuth.enabled - the pod watch, the Lease and the TokenReviews need it
 {{- else }}
 checkov.io/skip5: CKV_K8S_8=A one-shot helm test pod has no liveness to probe
 checkov.io/skip6: CKV_K8S_9=A one-shot helm test pod serves nothing to be ready for

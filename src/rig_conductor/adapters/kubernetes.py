@@ -341,7 +341,7 @@ def _call_json(method: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def _unavailable(exc: ApiException) -> Exception:
     status = exc.status if isinstance(exc.status, int) else None
-    message = _status_message(exc)
+    message = status_message(exc)
     if status == HTTP_CONFLICT:
         return Conflict(message)
     if status == HTTP_GONE:
@@ -349,7 +349,7 @@ def _unavailable(exc: ApiException) -> Exception:
     return KubernetesUnavailable(message, status=status)
 
 
-def _status_message(exc: ApiException) -> str:
+def status_message(exc: ApiException) -> str:
     """`403 Forbidden: pods is forbidden: ...` from the Status body when there is one."""
     detail = exc.reason or ""
     try:

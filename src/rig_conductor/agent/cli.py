@@ -100,7 +100,7 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
     from redis.exceptions import RedisError
 
     from rig_conductor import logs
-    from rig_conductor.agent import lease, process
+    from rig_conductor.agent import lease, process, token_file
     from rig_conductor.agent.settings import load_agent_settings
     from rig_conductor.settings_base import SettingsError
 
@@ -139,6 +139,9 @@ def main(args: argparse.Namespace, *, configure_logging: bool = False) -> int:
         )
     except (lease.ConsumerInUse, process.MissingPermission) as exc:
         logger.error("Refusing to start: %s", exc)
+        return EXIT_USAGE
+    except token_file.TokenFileError as exc:
+        logger.error("Refusing to start: RIG_API_TOKEN_FILE: %s", exc)
         return EXIT_USAGE
     except lease.AgentError as exc:
         logger.error("%s", exc)

@@ -18,12 +18,15 @@ from typing import Any
 
 import httpx
 
+from rig_conductor.agent.token_file import TokenFile
+
 logger = logging.getLogger(__name__)
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 RETRY_AFTER_MAX_S = 60.0
 _RETRYABLE = frozenset({502, 503, 504})
+HTTP_UNAUTHORIZED = 401
 
 
 class ConductorUnavailable(Exception):
@@ -56,7 +59,11 @@ class FencedAnswer:
 
 
 class ConductorClient:
-    """One agent's (agentId + consumer) view of the events API."""
+    """One agent's (agentId + consumer) view of the events API.
+
+    The bearer token is `token`, fixed, or the one `token_file` holds when each request is
+    sent; a 401 makes it read the file again and, when the token there changed, try once more.
+    """
 
     def __init__(
         self,
@@ -65,12 +72,16 @@ class ConductorClient:
         agent_id: str,
         consumer: str,
         token: str | None = None,
+        token_file: TokenFile | None = None,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if token and token_file is not None:
+            raise ValueError("give a token or a token file, not both")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.agent_id = agent_id
         self.consumer = consumer
+        self._token_file = token_file
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
         )
@@ -153,7 +164,7 @@ class ConductorClient:
                 until is not None and until.is_set()
             )
             try:
-                answer = await self._http.post("/api/events", json=body)
+                answer = await self._send(body)
             except httpx.TransportError as exc:
                 problem, delay = f"{type(exc).__name__}: {exc}", backoff(attempt)
             else:
@@ -167,6 +178,22 @@ class ConductorClient:
                 raise ConductorUnavailable(problem)
             logger.debug("%s not delivered (%s); retrying in %.1fs", body["type"], problem, delay)
             await pause(delay, until)
+
+    async def _send(self, body: dict[str, Any]) -> httpx.Response:
+        answer = await self._http.post("/api/events", json=body, headers=self._auth())
+        if (
+            answer.status_code == HTTP_UNAUTHORIZED
+            and self._token_file is not None
+            and self._token_file.refresh()
+        ):
+            # Rotated since the last stat (or a refusal that a newer token answers): once more.
+            answer = await self._http.post("/api/events", json=body, headers=self._auth())
+        return answer
+
+    def _auth(self) -> dict[str, str] | None:
+        if self._token_file is None:
+            return None
+        return {"Authorization": f"Bearer {self._token_file.current()}"}
 
 
 async def pause(seconds: float, until: asyncio.Event | None = None) -> None:

@@ -13,6 +13,7 @@ from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.entry import Handler, consumer_name
 from rig_conductor.agent.runtime import BLOCK_MS, SHUTDOWN_GRACE_S, Agent
 from rig_conductor.agent.settings import AgentSettings, load_agent_settings
+from rig_conductor.agent.token_file import TokenFile
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +35,12 @@ async def run_agent(
     """Run an agent until `stop` is set (or SIGTERM/SIGINT with `handle_signals`).
 
     Raises ConsumerInUse when another live process holds the consumer name, LeaseLost when one
-    takes it over, RedisError when Redis is unreachable at start.
+    takes it over, RedisError when Redis is unreachable at start, TokenFileError when
+    RIG_API_TOKEN_FILE cannot be read at start.
     """
     settings = settings or load_agent_settings()
     name = consumer or consumer_name(agent_id)
+    token_file = TokenFile(settings.api_token_file) if settings.api_token_file else None
     redis = redis_client.connect(settings)
     try:
         missing = await redis_access.missing_permission(
@@ -50,7 +53,11 @@ async def run_agent(
         await redis.aclose()
         raise MissingPermission(missing)
     conductor = ConductorClient(
-        base_url=settings.conductor_url, agent_id=agent_id, consumer=name, token=settings.token
+        base_url=settings.conductor_url,
+        agent_id=agent_id,
+        consumer=name,
+        token=settings.token,
+        token_file=token_file,
     )
     agent = Agent(
         handler,

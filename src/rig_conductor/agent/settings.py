@@ -5,11 +5,13 @@ Built once by the agent's CLI and passed down. Only what a worker pod needs: no 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
+from rig_conductor.agent import token_file
 from rig_conductor.settings_base import ENV_PREFIX, RigSettings, SettingsError, explain
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
@@ -24,6 +26,13 @@ class AgentSettings(RigSettings):
     )
     api_token: SecretStr | None = Field(
         default=None, description="bearer token for the conductor's API, if it requires one"
+    )
+    api_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "file holding the bearer token instead (e.g. a projected ServiceAccount token), "
+            "read again whenever it changes; not together with `RIG_API_TOKEN`"
+        ),
     )
     heartbeat_interval_s: float = Field(
         description="seconds between heartbeats", default=10.0, gt=0
@@ -73,6 +82,24 @@ class AgentSettings(RigSettings):
     @classmethod
     def _blank_token(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("api_token_file", mode="before")
+    @classmethod
+    def _blank_path(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("api_token_file")
+    @classmethod
+    def _one_token_source(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        if info.data.get("api_token") is not None:
+            raise ValueError("RIG_API_TOKEN and RIG_API_TOKEN_FILE are both set; set one of them")
+        try:
+            token_file.read_token(value)
+        except token_file.TokenFileError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @property
     def token(self) -> str | None:

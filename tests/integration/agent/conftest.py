@@ -27,19 +27,10 @@ class _Server(uvicorn.Server):
         yield
 
 
-@pytest.fixture
-async def conductor(
-    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
-) -> AsyncIterator[str]:
-    """A real conductor on a free port; the reaper only runs through /api/reaper/scan."""
+@contextlib.asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[str]:
+    """The conductor's app for `settings` on a free port; yields its base URL."""
     port = free_port()
-    settings = make_settings(
-        streams=(S,),
-        dispatch_stream=S,
-        agent_ids=(AGENT, "qa-e"),
-        entry_stale_ms=0,
-        max_deliveries=2,
-    )
     config = uvicorn.Config(
         create_app(settings, schedule_reaper=False),
         host="127.0.0.1",
@@ -57,6 +48,29 @@ async def conductor(
     finally:
         server.should_exit = True
         await serving
+
+
+def conductor_settings(make_settings: Callable[..., Settings], **overrides: Any) -> Settings:
+    """The settings the `conductor` fixture serves with, plus `overrides`."""
+    return make_settings(
+        **{
+            "streams": (S,),
+            "dispatch_stream": S,
+            "agent_ids": (AGENT, "qa-e"),
+            "entry_stale_ms": 0,
+            "max_deliveries": 2,
+            **overrides,
+        }
+    )
+
+
+@pytest.fixture
+async def conductor(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> AsyncIterator[str]:
+    """A real conductor on a free port; the reaper only runs through /api/reaper/scan."""
+    async with serving(conductor_settings(make_settings)) as url:
+        yield url
 
 
 @pytest.fixture

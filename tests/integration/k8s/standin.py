@@ -10,6 +10,8 @@ Speaks the real wire format, so tests drive the official `kubernetes` client unc
 - GET/PUT /apis/coordination.k8s.io/v1/namespaces/{ns}/leases/{name} and POST .../leases:
   404 NotFound, 409 AlreadyExists, 409 Conflict on a stale resourceVersion, 400 on a MicroTime
   the real server would refuse.
+- POST /apis/authentication.k8s.io/v1/tokenreviews: the TokenReview answer for the tokens in
+  `tokens` (standin_tokens.py).
 Faults are injected per request kind: an error Status (403, 500, ...), a delay, or a Lease
 stolen by another holder just before an update is applied.
 
@@ -34,12 +36,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from .standin_tokens import TokenTable
+
 PODS = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods$")
 POD = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods/(?P<name>[^/]+)$")
 LEASES = re.compile(r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases$")
 LEASE = re.compile(
     r"^/apis/coordination\.k8s\.io/v1/namespaces/(?P<ns>[^/]+)/leases/(?P<name>[^/]+)$"
 )
+TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 MICRO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
 REASONS = {
     400: "BadRequest",
@@ -73,7 +78,8 @@ def status_body(code: int, message: str, reason: str | None = None) -> dict[str,
 class Fault:
     """What to do to the next `times` requests of one kind (None: every request)."""
 
-    kind: str  # pods-list, pods-watch, pod-get, lease-get, lease-create, lease-update
+    # pods-list, pods-watch, pod-get, lease-get, lease-create, lease-update, token-review
+    kind: str
     status: int | None = None
     delay: float = 0.0
     steal_by: str | None = None  # lease-update: another holder writes the Lease first
@@ -112,6 +118,7 @@ class KubeStandIn:
         self.history: list[_Event] = []
         self.watchers: list[_Watcher] = []
         self.faults: list[Fault] = []
+        self.tokens = TokenTable()
         self.requests: list[tuple[str, str]] = []
         # perf_counter() just before a DELETED event for a pod is written to a watch connection.
         self.deleted_sent: dict[str, float] = {}
@@ -336,6 +343,9 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     steal = fault.steal_by if fault is not None else None
                     self._put_lease(found["ns"], found["name"], steal)
+            elif parts.path == TOKEN_REVIEWS and method == "POST":
+                if not self._fault("token-review")[0]:
+                    self._send(201, self.api.tokens.review(self._read_body() or {}))
             elif (found := LEASES.match(parts.path)) and method == "POST":
                 if self._fault("lease-create")[0]:
                     return
