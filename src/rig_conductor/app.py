@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from kubernetes.client import ApiClient
 
 from rig_conductor import __version__, console
-from rig_conductor.adapters import redis_client
+from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.api import errors
@@ -29,15 +29,22 @@ logger = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings, *, schedule_reaper: bool = True, kube: ApiClient | None = None
+    settings: Settings,
+    *,
+    schedule_reaper: bool = True,
+    kube: ApiClient | None = None,
+    reviewer: token_review.TokenReviewer | None = None,
 ) -> FastAPI:
     """The conductor's HTTP app.
 
     `schedule_reaper=False` leaves scans to `/api/reaper/scan` (and elects no leader); `kube` is
-    the Kubernetes client (`podwatch.api_client`), None when Kubernetes is off.
+    the Kubernetes client (`podwatch.api_client`), None when Kubernetes is off. `reviewer`
+    checks pods' ServiceAccount tokens (RIG_K8S_AGENT_AUTH); None: built from the settings.
     """
     metrics = Metrics()
     tokens = tokens_of(settings)
+    if reviewer is None:
+        reviewer = token_review.build_reviewer(settings, api=kube)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -116,7 +123,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.metrics = metrics
-    errors.install(app, tokens=tokens, root_path=settings.http_root_path)
+    errors.install(app, tokens=tokens, root_path=settings.http_root_path, reviewer=reviewer)
     events.install(app)
     app.include_router(views.router, prefix="/api")
     app.include_router(deadletters.router, prefix="/api")

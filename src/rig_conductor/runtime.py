@@ -69,5 +69,6 @@ def tokens_of(settings: Settings) -> roles.Tokens:
         operator=raw(settings.operator_tokens),
         viewer=raw(settings.viewer_tokens),
         bound=settings.bound_tokens,
+        agent_auth=settings.k8s_agent_auth,
         secret=secret.get_secret_value().encode() if secret is not None else None,
     )

@@ -310,7 +310,11 @@ class Settings(RigSettings):
         call needs one, and `serve` may start without RIG_ALLOW_ANONYMOUS. Every kind of
         credential the conductor accepts belongs in here."""
         return bool(
-            self.api_tokens or self.operator_tokens or self.viewer_tokens or self.agent_tokens
+            self.api_tokens
+            or self.operator_tokens
+            or self.viewer_tokens
+            or self.agent_tokens
+            or self.k8s_agent_auth
         )
 
     def anonymous_problem(self) -> str | None:
@@ -320,8 +324,9 @@ class Settings(RigSettings):
             return None
         return (
             "RIG_API_TOKENS: no token of any role is set (RIG_API_TOKENS, RIG_OPERATOR_TOKENS, "
-            "RIG_VIEWER_TOKENS, RIG_AGENT_TOKENS), so the API would be open to anyone; set "
-            "tokens, or RIG_ALLOW_ANONYMOUS=true to run it open on purpose"
+            "RIG_VIEWER_TOKENS, RIG_AGENT_TOKENS) and RIG_K8S_AGENT_AUTH is off, so the API "
+            "would be open to anyone; set tokens, or RIG_ALLOW_ANONYMOUS=true to run it open on "
+            "purpose"
         )
 
     @field_validator("agent_forget_ms")

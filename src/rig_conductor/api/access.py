@@ -16,8 +16,12 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles, throttle
+from rig_conductor.adapters import token_review
+from rig_conductor.domain import ConsumerName
 
 logger = logging.getLogger("rig_conductor.access")
+# How long a client should wait after a 503 of the guard's (the Kubernetes API failing).
+RETRY_AFTER_S = b"5"
 
 
 class AccessLog:
@@ -74,14 +78,24 @@ class RoleGuard:
     of 401 while `failed_tokens` makes it wait. The token is checked first, so a valid token is
     never refused, and the throttle is touched only on a failure: a heartbeat with a valid
     token costs what it did before.
+
+    With a `reviewer` (RIG_K8S_AGENT_AUTH), a bearer token that is none of the configured ones
+    may be a pod's ServiceAccount token: a TokenReview (cached) decides. A review that says no
+    is a wrong token (401, and counted); a Kubernetes API that cannot answer is 503 with
+    Retry-After, never 401: its outage must not look like a forgery.
     """
 
     def __init__(
-        self, app: ASGIApp, tokens: roles.Tokens, failed_tokens: throttle.FailureThrottle
+        self,
+        app: ASGIApp,
+        tokens: roles.Tokens,
+        failed_tokens: throttle.FailureThrottle,
+        reviewer: token_review.TokenReviewer | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.failed_tokens = failed_tokens
+        self.reviewer = reviewer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,7 +108,16 @@ class RoleGuard:
         caller = roles.ANONYMOUS
         if not self.tokens.open:
             authorization = header(scope, b"authorization")
-            found = self._caller(authorization or b"")
+            scheme, _, presented = (authorization or b"").partition(b" ")
+            found = self._caller(scheme, presented.strip())
+            if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
+                try:
+                    found = await self._pod(presented.strip())
+                except token_review.ReviewUnavailable as exc:
+                    logger.warning("TokenReview failed, answering 503: %s", exc)
+                    detail = "the Kubernetes API cannot review the token now; retry later"
+                    await answer(send, 503, detail, [(b"retry-after", RETRY_AFTER_S)])
+                    return
             if found is None:
                 await self._refuse(scope, send, presented=authorization is not None)
                 return
@@ -123,10 +146,19 @@ class RoleGuard:
             send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
         )
 
-    def _caller(self, authorization: bytes) -> roles.Caller | None:
-        scheme, _, presented = authorization.partition(b" ")
-        caller = self.tokens.caller(presented.strip())
+    def _caller(self, scheme: bytes, presented: bytes) -> roles.Caller | None:
+        caller = self.tokens.caller(presented)
         return caller if scheme.lower() == b"bearer" else None
+
+    async def _pod(self, presented: bytes) -> roles.Caller | None:
+        """The pod a ServiceAccount token proves, or None when the review says no."""
+        assert self.reviewer is not None
+        try:
+            identity = await self.reviewer.review(presented)
+        except token_review.Unauthenticated as exc:
+            logger.info("TokenReview refused a token: %s", exc)
+            return None
+        return roles.pod(ConsumerName(identity.pod), identity.namespace)
 
 
 class RootPath:

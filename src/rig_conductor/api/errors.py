@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles, throttle
-from rig_conductor.adapters import failures, redis_keys
+from rig_conductor.adapters import failures, redis_keys, token_review
 from rig_conductor.api.access import (
     API_FREE_FAILURES,
     AccessLog,
@@ -160,7 +160,13 @@ async def _not_leading(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=409, content={"detail": str(exc)})
 
 
-def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
+def install(
+    app: FastAPI,
+    *,
+    tokens: roles.Tokens,
+    root_path: str = "",
+    reviewer: token_review.TokenReviewer | None = None,
+) -> None:
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(NotLeading, _not_leading)
@@ -174,7 +180,9 @@ def install(app: FastAPI, *, tokens: roles.Tokens, root_path: str = "") -> None:
     # Before the body is read. One throttle of wrong tokens per app, in its state so tests can
     # drive its clock.
     app.state.api_throttle = throttle.FailureThrottle(free=API_FREE_FAILURES)
-    app.add_middleware(RoleGuard, tokens=tokens, failed_tokens=app.state.api_throttle)
+    app.add_middleware(
+        RoleGuard, tokens=tokens, failed_tokens=app.state.api_throttle, reviewer=reviewer
+    )
     app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too
     app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
 
