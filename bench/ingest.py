@@ -1,5 +1,7 @@
 """Heartbeat ingest: `rig-conductor serve` against a no-op FastAPI endpoint (bench/noop_app.py),
 the same wrk load on each in alternating rounds; every 202 of the conductor checked as durable.
+Each heartbeat carries its agent's own bound token (RIG_AGENT_TOKENS), as a fleet that fails
+closed sends them: the conductor looks up every token and checks what it may speak for.
 
     .venv/bin/python bench/ingest.py [--quick] [--rounds 10] [--duration 3] [--connections 32]
 """
@@ -22,18 +24,23 @@ import psycopg
 import harness
 from harness import BenchError
 
-GOAL_RATIO, GOAL_P99_MS = 0.75, 50.0
+GOAL_RATIO, GOAL_P99_MS = 0.95, 25.0
 ROLES = ("review-e", "dev-e", "test-e", "docs-e", "ops-e", "qa-e", "sec-e", "perf-e", "arch-e")
 AGENTS = [f"{role}{v}" for v in ("", "-codex", "-py", "-dotnet", "-eu", "-us") for role in ROLES]
 BODY = '{"type":"HEARTBEAT","agentId":"%s","consumer":"%s-rig-agent-runtime-%d",'
 BODY += '"degraded":false,"degradedReasons":[]}'
 BODIES = [BODY % (agent, agent, n) for n in range(10) for agent in AGENTS[:50]]
+# One bound token per agent; every body goes with its agent's.
+TOKENS = {agent: f"bench-token-{agent}-0123456789" for agent in AGENTS[:50]}
+AUTHORIZATIONS = [f"Bearer {TOKENS[agent]}" for n in range(10) for agent in AGENTS[:50]]
 WRK_LUA = """
 local bodies = {%s}
+local authorizations = {%s}
 local requests, i = {}, 0
 function init(args)
   for k, body in ipairs(bodies) do
-    requests[k] = wrk.format("POST", "/api/events", {["Content-Type"] = "application/json"}, body)
+    local headers = {["Content-Type"] = "application/json", ["Authorization"] = authorizations[k]}
+    requests[k] = wrk.format("POST", "/api/events", headers, body)
   end
   i = math.random(#requests)
 end
@@ -106,13 +113,17 @@ class EventLog:
 
 def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     script = tmp / "heartbeat.lua"
-    script.write_text(WRK_LUA % ",\n".join(json.dumps(b) for b in BODIES))  # JSON is Lua
+    script.write_text(  # JSON strings are Lua strings
+        WRK_LUA % (",\n".join(map(json.dumps, BODIES)), ",\n".join(map(json.dumps, AUTHORIZATIONS)))
+    )
     log = EventLog(found.database_url)
     log.truncate()
     port = harness.free_port()
     noop_url = f"http://127.0.0.1:{port}"
     noop_app = [sys.executable, str(Path(__file__).with_name("noop_app.py")), "--port", str(port)]
     env = harness.conductor_env(found)  # the same for both servers (the no-op reads none of it)
+    if not args.open:
+        env["RIG_AGENT_TOKENS"] = ",".join(f"{agent}:{token}" for agent, token in TOKENS.items())
     with (
         (tmp / "serve.log").open("wb") as serve_log,
         harness.serve(env, log=serve_log) as conductor_url,
@@ -153,7 +164,8 @@ def main(args: argparse.Namespace) -> int:
     with harness.servers() as found, tempfile.TemporaryDirectory(prefix="rig-ingest-") as tmp:
         print(
             f"rig-conductor heartbeat ingest: serve vs a no-op endpoint, wrk, {args.connections} "
-            f"connections, {args.rounds} rounds of {args.duration:g} s each, one uvicorn worker"
+            f"connections, {args.rounds} rounds of {args.duration:g} s each, one uvicorn worker, "
+            + ("an open API" if args.open else f"{len(TOKENS)} agents' bound tokens")
         )
         return measure(args, found, Path(tmp))
 
@@ -164,6 +176,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, help="no-op / conductor pairs (10)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per run (3)")
     parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument(
+        "--open", action="store_true", help="an open API (RIG_ALLOW_ANONYMOUS), no tokens checked"
+    )
     args = harness.options(parser, rounds=(10, 2))
     args.warmup = 1.0 if args.quick else 2.0
     sys.exit(harness.run(lambda: main(args)))
