@@ -74,7 +74,9 @@ async def test_a_deleted_pod_frees_its_entries_through_the_watch(
 
         await wait_for(moved, within=10)
         elapsed = time.monotonic() - deleted
-    assert scans(app) >= 1  # scans triggered by the watch: the schedule waits an hour
+        # The watch triggered the scan (the schedule waits an hour); a scan is counted when it
+        # ends, after its moves: wait for that before shutting down.
+        await wait_for(lambda: scans(app) >= 1, within=10)
     assert elapsed < 10, f"entries moved {elapsed:.2f}s after the deletion"
     lease = kube.lease("rig-conductor-reaper", namespace="agents")
     assert lease is not None
