@@ -122,12 +122,17 @@ async def test_dry_run_changes_nothing(
 
 
 async def test_live_owners_and_fresh_entries_are_left_alone(
-    redis: Redis, engine: AsyncEngine, settings: Settings
+    redis: Redis, engine: AsyncEngine, make_settings: Callable[..., Settings]
 ) -> None:
+    # Fresh for long enough that a loaded machine cannot age them between the read and the scan.
+    stale_ms = 2_000
+    settings = make_settings(
+        streams=(S,), agent_ids=("review-e", "review-e-codex"), entry_stale_ms=stale_ms
+    )
     ids = await fill(redis, S, G, 4)
     await read(redis, S, G, "review-e-rig-agent-runtime-0", 2)  # live agent, stale entries
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    await asyncio.sleep(stale_ms / 1000 + 0.05)
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)  # dead agent, fresh entries
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert report.reclaimed == 0 and report.no_target == 0
