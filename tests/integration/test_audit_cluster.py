@@ -65,7 +65,12 @@ def audit(
     )
     if on_start is not None:
         threading.Thread(target=on_start, daemon=True).start()
-    _, stderr = process.communicate(timeout=500)
+    try:
+        _, stderr = process.communicate(timeout=500)
+    finally:  # a timeout, or the test stopped: the job must not outlive it
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode == 0, stderr[-4000:]
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     return summary, stderr

@@ -386,7 +386,14 @@ def spawn(
 
 
 async def finish(process: subprocess.Popen[str], within: float = 20) -> tuple[int, str]:
-    _, stderr = await asyncio.to_thread(process.communicate, timeout=within)
+    """Its exit code and stderr; killed (and the test failed) if it has not exited in time, so
+    no process outlives its test."""
+    try:
+        _, stderr = await asyncio.to_thread(process.communicate, timeout=within)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, stderr = await asyncio.to_thread(process.communicate)
+        raise AssertionError(f"the agent did not exit within {within}s: {stderr[-2000:]}") from None
     return process.returncode, stderr
 
 
