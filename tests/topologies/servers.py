@@ -287,7 +287,9 @@ class SentinelSet:
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\n"
                 f"sentinel monitor {self.master_name} 127.0.0.1 {master} 2\n"
-                f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                # Three seconds: a CPU-starved master that misses a ping or two on a loaded
+                # machine is not failed over for it, which would move the master mid-test.
+                f"sentinel down-after-milliseconds {self.master_name} 3000\n"
                 f"sentinel failover-timeout {self.master_name} 5000\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
             )
@@ -312,17 +314,26 @@ class SentinelSet:
         return next(s for s in self.servers if s.port == port)
 
     def restart_as_replica(self, port: int) -> None:
-        """Bring a killed data server back; the sentinels make it a replica of the new master."""
+        """Bring a killed data server back as a replica of the current master, and wait until it
+        has rejoined the set: a replica in sync, or the master again if the sentinels have
+        failed over to it meanwhile (on a loaded machine they may, and that is their right)."""
         old = self.server(port)
         self.servers.remove(old)
         master = self.master_port()
         args = redis_args(port, "--replicaof", "127.0.0.1", str(master))
         self.servers.append(Server(port, old.directory, args).start())
-        wait_until(
-            lambda: client(port).info("replication").get("master_link_status") == "up",
-            within=30,
-            what=f"replica {port}",
-        )
+
+        def rejoined() -> bool:
+            replication = client(port).info("replication")
+            if replication["role"] == "master":
+                return self.master_port() == port
+            return replication.get("master_link_status") == "up"
+
+        try:
+            wait_until(rejoined, within=60, what=f"data server {port} back in the set")
+        except TimeoutError as exc:
+            state = client(port).info("replication")
+            raise TimeoutError(f"{exc}; its replication: {state}") from None
 
     def close(self) -> None:
         for server in self.servers:
