@@ -32,7 +32,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/topologies/" in str(item.path):
             item.add_marker(pytest.mark.integration)
-            item.add_marker(pytest.mark.timeout(180))
+            # As the end-to-end tier: a core-loop test ends with a Spark audit, which takes
+            # minutes, not seconds, on a loaded 2-core machine.
+            item.add_marker(pytest.mark.timeout(300))
 
 
 @pytest.fixture(scope="session")
