@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.agent.runtime import SHUTDOWN_GRACE_S
 from tests.audit_conftest import JDBC_JAR, require_pyspark, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +32,10 @@ STREAM = "rig:dispatch"
 DLQ = f"{STREAM}:dlq"
 GROUP = "builders"
 HANDLER = "tests.e2e.handlers:build"
-STOP_TIMEOUT_S = 20.0
+# The runtime may take SHUTDOWN_GRACE_S to finish its current entry after SIGTERM (contract:
+# finish or abandon it, then exit); a test that killed it sooner would see -9 from a loaded
+# machine's slow but correct shutdown.
+STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 15
 
 
 def conductor_env(agent_ids: list[str], **extra: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.agent import Entry, run_agent
+from rig_conductor.agent.runtime import SHUTDOWN_GRACE_S
 from rig_conductor.agent.settings import AgentSettings
 
 S, G = "rig:dispatch", "builders"
@@ -44,7 +45,9 @@ async def running(
         yield task
     finally:
         stop.set()
-        await asyncio.wait_for(task, 15)
+        # Up to the runtime's own grace for the entry in hand, and some: a loaded machine is
+        # slow, not wrong.
+        await asyncio.wait_for(task, SHUTDOWN_GRACE_S + 15)
 
 
 async def dispatch(conductor: str, issue: str) -> str:
