@@ -91,7 +91,6 @@ async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> s
 
 
 async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
-    rt.known_agents.heard(event.agent_id)
     await rt.heartbeats.submit(
         queries.HeartbeatIn(
             AgentId(event.agent_id),
@@ -100,6 +99,7 @@ async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
             tuple(event.degraded_reasons),
         )
     )
+    rt.known_agents.heard(event.agent_id)  # stored: known to the speaking rule at once
     return Response(_ACCEPTED, status_code=202, media_type="application/json")
 
 
