@@ -222,14 +222,11 @@ class Settings(RigSettings):
         description="the audience agents' projected ServiceAccount tokens must carry",
     )
 
-    @field_validator("streams", "agent_ids", mode="before")
+    @field_validator(
+        "streams", "agent_ids", *_TOKEN_FIELDS, "agent_tokens", "forwarded_allow_ips", mode="before"
+    )
     @classmethod
     def _split(cls, value: Any) -> Any:
-        return comma_list(value)
-
-    @field_validator(*_TOKEN_FIELDS, "agent_tokens", mode="before")
-    @classmethod
-    def _split_tokens(cls, value: Any) -> Any:
         return comma_list(value)
 
     @field_validator("agent_tokens")
@@ -260,11 +257,6 @@ class Settings(RigSettings):
                 f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
             )
         return value
-
-    @field_validator("forwarded_allow_ips", mode="before")
-    @classmethod
-    def _split_proxies(cls, value: Any) -> Any:
-        return comma_list(value)
 
     @field_validator("forwarded_allow_ips")
     @classmethod
