@@ -54,7 +54,12 @@ def create_app(
         heartbeats = HeartbeatWriter(
             settings.sqlalchemy_url,
             tenant=settings.tenant,
+            replica=leader.replica_identity(),
+            slack_ms=settings.limits.listen_slack_ms,
             on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
+            on_spell_end=lambda spell: metrics.blind_spells.inc(
+                (spell.end - spell.start).total_seconds()
+            ),
         )
         pods = PodEvidence(settings, kube, engine) if kube is not None else None
         elector = (

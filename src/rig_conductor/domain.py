@@ -76,6 +76,9 @@ class PodState(enum.Enum):
     # Never seen, missing from a successful list, and 404 by name: gone, unless the consumer
     # heartbeats by its own name (an agent outside the cluster).
     ABSENT = "absent"
+    # Missing from a successful list and not looked up by name (it holds nothing to reclaim):
+    # never treated as gone, and never a reclaim target unless it heartbeats by its own name.
+    MISSING = "missing"
     # No answer, a failed call, or no Kubernetes at all. Never treated as gone.
     UNKNOWN = "unknown"
 
@@ -91,6 +94,9 @@ class Limits:
     reclaim_degraded: bool = True
     degraded_grace_ms: int = 300_000
     entry_deadline_ms: int = 3_600_000
+    # How long after a replica's last listening mark it still counts as hearing: the marks come
+    # four times as often, so this only absorbs a slow mark (see `policy.blind`).
+    listen_slack_ms: int = 5_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +152,18 @@ class PendingEntry(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class Span:
+    """A stretch of time, `start` to `end`, on PostgreSQL's clock."""
+
+    start: datetime
+    end: datetime
+
+
+# Where a move put entries: the (stream, group, consumer) a reclaim targeted.
+MoveKey = tuple[StreamKey, GroupName, ConsumerName]
+
+
+@dataclass(frozen=True, slots=True)
 class Evidence:
     """Everything a scan knows about who is alive, read at one instant `now`.
 
@@ -158,9 +176,19 @@ class Evidence:
     agent_heartbeats: Mapping[AgentId, Heartbeat] = field(default_factory=dict)
     consumer_heartbeats: Mapping[ConsumerName, Heartbeat] = field(default_factory=dict)
     pods: Mapping[ConsumerName, PodState] = field(default_factory=dict)
+    # The state of a pod `pods` does not name: MISSING when they come from a successful list.
+    pods_default: PodState = PodState.UNKNOWN
+    # When some conductor sharing the database was taking heartbeats in: every replica's
+    # listening marks, as spans (rule 3's blind spells are the gaps between them).
+    heard: tuple[Span, ...] = ()
+    # The latest move the conductor itself made to each (stream, group, consumer), within
+    # RIG_AGENT_DOWN_MS: an XCLAIM resets its target's idle time, which is then no evidence.
+    moved_to: Mapping[MoveKey, datetime] = field(default_factory=dict)
+    # When the reading of Redis (the idle times) began, on the same clock; None: `now`.
+    read_at: datetime | None = None
 
     def pod(self, consumer: ConsumerName) -> PodState:
-        return self.pods.get(consumer, PodState.UNKNOWN)
+        return self.pods.get(consumer, self.pods_default)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,20 @@ class Metrics:
         self.dispatched = Counter(
             "rig_dispatched_entries", "ISSUE_ASSIGNED entries appended", ["stream"], registry=r
         )
+        # Blind spells (reaper rule 3): time no conductor could take heartbeats in.
+        self.blind_spells = Counter(
+            "rig_blind_seconds",
+            "Seconds of blind spells this replica saw end: no conductor sharing the database "
+            "could take heartbeats in (every replica stopped, PostgreSQL unreachable, heartbeat "
+            "writes failing); that time does not count toward RIG_AGENT_DOWN_MS",
+            registry=r,
+        )
+        self.blind_window = Gauge(
+            "rig_reaper_blind_seconds",
+            "Blind time inside the window the last scan judged silence by: how much later "
+            "than RIG_AGENT_DOWN_MS a silent agent counts as down right now",
+            registry=r,
+        )
         # The last finished audit's verdict (rig-conductor audit records it in PostgreSQL).
         self.audit_lost = Gauge(
             "rig_audit_lost_entries",

@@ -58,6 +58,9 @@ class ScanReport(_Report):
     nodes_failed: list[str] = Field(default_factory=list)
     # Dispatches Redis had lost (a failover, a restart), appended again (`reaper.redispatch`).
     redispatched: int = 0
+    # Blind time inside the window that decided who is down (reaper rule 3): silent agents
+    # count as down this much later than RIG_AGENT_DOWN_MS.
+    blind_ms: int = 0
     dry_run: bool
     duration_ms: int = 0
     # Where the scan's time went, in milliseconds per phase (summed over a cluster's nodes).

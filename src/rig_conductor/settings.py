@@ -363,6 +363,9 @@ class Settings(RigSettings):
             reclaim_degraded=self.reclaim_degraded,
             degraded_grace_ms=self.degraded_grace_ms,
             entry_deadline_ms=self.entry_deadline_ms,
+            # A tenth of RIG_AGENT_DOWN_MS, within 0.3..5 s: the listening marks' slack must
+            # stay well inside the silence that makes an agent down.
+            listen_slack_ms=max(300, min(5_000, self.agent_down_ms // 10)),
         )
 
     @property

@@ -41,7 +41,9 @@ async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> dat
 async def since(
     engine: AsyncEngine,
 ) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
-    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=())
+    evidence = await queries.load_evidence(
+        engine, tenant="default", configured_agents=(), down_ms=60_000
+    )
     return (
         {a: hb.degraded_since for a, hb in evidence.agent_heartbeats.items()},
         {c: hb.degraded_since for c, hb in evidence.consumer_heartbeats.items()},

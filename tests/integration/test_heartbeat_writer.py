@@ -15,6 +15,8 @@ from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
+from .helpers import wait_for
+
 
 def beat(agent: str, n: int = 0) -> queries.HeartbeatIn:
     return queries.HeartbeatIn(AgentId(agent), ConsumerName(f"{agent}-{n}"))
@@ -39,7 +41,9 @@ async def commits() -> Commits:
 async def writer(
     database_url: str, engine: AsyncEngine, commits: Commits
 ) -> AsyncIterator[HeartbeatWriter]:
-    writer = HeartbeatWriter(database_url, tenant="default", on_commit=commits)
+    # Listening marks every 150 s: none between a test's batches (they would find a broken
+    # connection and reconnect first). tests/integration/test_blind_spells.py tests the marks.
+    writer = HeartbeatWriter(database_url, tenant="default", on_commit=commits, slack_ms=600_000)
     writer.start()
     yield writer
     await writer.stop()
@@ -74,10 +78,16 @@ async def test_heartbeats_arriving_during_a_write_form_the_next_batch(
     assert await heartbeat_rows(engine) == 6
 
 
+async def _marked(engine: AsyncEngine) -> bool:
+    async with engine.connect() as conn:
+        return bool((await conn.execute(text("SELECT count(*) FROM listening"))).scalar_one())
+
+
 async def test_a_lost_connection_fails_its_batch_and_the_next_one_reconnects(
     writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
 ) -> None:
     await writer.submit(beat("dev-e", 0))
+    await wait_for(lambda: _marked(engine))  # the writer's first listening mark is done too
     async with engine.connect() as conn:
         killed = await conn.execute(
             text(

@@ -44,7 +44,9 @@ async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEng
 async def test_tenants_are_separate(engine: AsyncEngine) -> None:
     await queries.record_heartbeats(engine, tenant="acme", heartbeats=[HB(AgentId("dev-e"))])
     assert (await queries.list_agents(engine, tenant="default"))[1] == []
-    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=["x"])
+    evidence = await queries.load_evidence(
+        engine, tenant="default", configured_agents=["x"], down_ms=60_000
+    )
     assert evidence.agent_heartbeats == {} and evidence.known_agents == {"x"}
 
 
@@ -52,7 +54,9 @@ async def test_evidence_is_judged_at_the_database_clock(engine: AsyncEngine) -> 
     stamped = await queries.record_heartbeats(
         engine, tenant="default", heartbeats=[HB(AgentId("dev-e"), ConsumerName("dev-e-0"))]
     )
-    evidence = await queries.load_evidence(engine, tenant="default", configured_agents=["review-e"])
+    evidence = await queries.load_evidence(
+        engine, tenant="default", configured_agents=["review-e"], down_ms=60_000
+    )
     assert evidence.known_agents == {"dev-e", "review-e"}
     assert evidence.agent_heartbeats["dev-e"].at == stamped
     assert evidence.consumer_heartbeats["dev-e-0"].at == stamped

@@ -27,7 +27,7 @@ from rig_conductor.adapters import (
     redis_streams,
     redis_sweep,
 )
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import move_targets, queries, work
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     ConsumerName,
@@ -171,7 +171,7 @@ async def _check_target(rt: Runtime, *, stream: StreamKey, group: str, target: s
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
     fleet = Fleet(await views.evidence(rt), rt.settings.limits)
-    if fleet.target(info) is None:
+    if fleet.target(info, stream=stream, group=found.name) is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")
     return fleet
 
@@ -247,6 +247,11 @@ async def _record(
 ) -> None:
     await work.reclaimed(
         rt.engine, tenant=rt.settings.tenant, stream=stream, consumer=target, entry_ids=ids
+    )
+    await move_targets.record(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        targets=[(StreamKey(stream), GroupName(group), ConsumerName(target))],
     )
     from_agent = fleet.agent_of(ConsumerName(owner))
     to_agent = fleet.agent_of(ConsumerName(target))

@@ -121,6 +121,7 @@ async def evidence(rt: Runtime) -> Evidence:
         rt.engine,
         tenant=rt.settings.tenant,
         configured_agents=rt.settings.agent_ids,
+        down_ms=rt.settings.agent_down_ms,
         pods=rt.pods() if rt.pods is not None else None,
     )
 
@@ -285,7 +286,7 @@ def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[Consum
                 pending=info.pending,
                 down_reasons=tuple(r.value for r in verdict.reasons),
                 degraded=fleet.degraded_since(info.name) is not None,
-                target=fleet.target(info) is not None,
+                target=fleet.target(info, stream=group.stream, group=group.name) is not None,
             )
         )
     rows.sort(key=lambda r: (r.state != "down", r.state != "degraded", r.name))

@@ -14,11 +14,15 @@ from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,
     Evidence,
+    GroupName,
     Heartbeat,
     Limits,
     PodState,
+    Span,
+    StreamKey,
 )
 from rig_conductor.policy.agents import AgentIndex
+from rig_conductor.policy.blind import blind_ms, blind_spells, heard_cutoff
 
 
 class DownReason(enum.Enum):
@@ -79,18 +83,30 @@ def is_fresh(heartbeat: Heartbeat | None, now: datetime, limits: Limits) -> bool
 
 class Fleet:
     """The evidence of one scan, with what every group asks again and again worked out once:
-    each agent judged once, each consumer name resolved once, freshness as one comparison."""
+    each agent judged once, each consumer name resolved once, freshness as one comparison.
+
+    Freshness is judged on heard time: the blind spells in the evidence do not count toward
+    RIG_AGENT_DOWN_MS (`policy.blind`), so the cutoff moves back by their length.
+    """
 
     def __init__(self, evidence: Evidence, limits: Limits) -> None:
         self.evidence = evidence
         self.limits = limits
-        self._cutoff = evidence.now - timedelta(milliseconds=limits.agent_down_ms)
+        self.spells: tuple[Span, ...] = blind_spells(
+            evidence.heard, now=evidence.now, slack_ms=limits.listen_slack_ms
+        )
+        self._cutoff = heard_cutoff(evidence.now, down_ms=limits.agent_down_ms, spells=self.spells)
         self._index = AgentIndex(evidence.known_agents)
         self._agent_of: dict[ConsumerName, AgentId | None] = {}
         self._agent_up: dict[AgentId, bool] = {}
 
+    @property
+    def blind_ms(self) -> int:
+        """Blind time inside the window that decides who is down (see `policy.blind`)."""
+        return blind_ms(self.evidence.now, down_ms=self.limits.agent_down_ms, spells=self.spells)
+
     def fresh(self, heartbeat: Heartbeat | None) -> bool:
-        """Within RIG_AGENT_DOWN_MS of `now` (the same answer as `is_fresh`)."""
+        """Within RIG_AGENT_DOWN_MS of heard time before `now` (`is_fresh` when not blind)."""
         return heartbeat is not None and heartbeat.at > self._cutoff
 
     def agent_of(self, consumer: ConsumerName) -> AgentId | None:
@@ -166,20 +182,34 @@ class Fleet:
         grace = timedelta(milliseconds=self.limits.degraded_grace_ms)
         return since is not None and self.evidence.now - since >= grace
 
-    def target(self, info: ConsumerInfo) -> TargetCandidate | None:
-        """Rule 5: alive by its own evidence, not down by rule 3 and not degraded-stale (its own
-        entries are leaving it); else None."""
+    def target(
+        self, info: ConsumerInfo, *, stream: StreamKey, group: GroupName
+    ) -> TargetCandidate | None:
+        """Rule 5: alive by evidence the consumer earned itself, not down by rule 3 and not
+        degraded-stale (its own entries are leaving it); else None.
+
+        The conductor's own moves to the consumer in this group (`Evidence.moved_to`) reset its
+        idle time, so an idle time that is not shorter than the time since
+        that move is the conductor's own doing, not the consumer's: no evidence. With
+        Kubernetes on, a consumer missing from a successful pod list qualifies only by a
+        heartbeat of its own name (a dead pod's consumer would otherwise look alive by idle).
+        """
         if self.is_down(info.name) or self.degraded_stale(info.name):
             return None
         evidence, limits = self.evidence, self.limits
         own_beat = evidence.consumer_heartbeats.get(info.name)
+        own_fresh = self.fresh(own_beat)
+        moved_at = evidence.moved_to.get((stream, group, info.name))
+        pod = evidence.pod(info.name)
+        if pod in (PodState.MISSING, PodState.ABSENT) and not own_fresh:
+            return None
         ages: list[int] = []
-        own_age = age_ms(own_beat, evidence.now)
-        if own_age is not None and own_age < limits.agent_down_ms:
-            ages.append(own_age)
-        if info.idle_ms < limits.agent_down_ms:
+        if own_fresh:
+            ages.append(min(age_ms(own_beat, evidence.now) or 0, limits.agent_down_ms))
+        read_at = evidence.read_at or evidence.now
+        if info.idle_ms < limits.agent_down_ms and _earned(info.idle_ms, moved_at, read_at):
             ages.append(info.idle_ms)
-        if evidence.pod(info.name) is PodState.LIVE:
+        if pod is PodState.LIVE:
             # A live pod proves presence, not activity: it qualifies, but ranks as the stalest sign.
             ages.append(limits.agent_down_ms)
         if not ages:
@@ -191,6 +221,15 @@ class Fleet:
             agent_beat = evidence.agent_heartbeats.get(agent) if agent else None
             degraded = agent_beat.degraded if agent_beat is not None else False
         return TargetCandidate(info.name, agent, degraded, min(ages), info.pending)
+
+
+def _earned(idle_ms: int, moved_at: datetime | None, read_at: datetime) -> bool:
+    """Whether a consumer's idle time is its own: it touched the group after our last move to
+    it. The move's record is written after its XCLAIM, and the idle time was read after
+    `read_at`, so an untouched target's idle time is never shorter than `read_at - moved_at`."""
+    if moved_at is None:
+        return True
+    return idle_ms < (read_at - moved_at).total_seconds() * 1000
 
 
 def judge_owner(consumer: ConsumerName, evidence: Evidence, limits: Limits) -> OwnerVerdict:

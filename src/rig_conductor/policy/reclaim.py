@@ -160,7 +160,11 @@ def assess_group(
     worn = {e: n for e, n in (attempts or {}).items() if n >= limits.max_deliveries}
     targets = tuple(
         sorted(
-            (t for t in (fleet.target(info) for info in group.consumers) if t is not None),
+            (
+                t
+                for info in group.consumers
+                if (t := fleet.target(info, stream=group.stream, group=group.name)) is not None
+            ),
             key=TargetCandidate.rank,
         )
     )

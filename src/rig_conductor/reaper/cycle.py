@@ -59,6 +59,7 @@ async def reap_once(
     settings: Settings,
     dry_run: bool | None = None,
     pods: Mapping[ConsumerName, PodState] | None = None,
+    pods_listed: bool = False,
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
     probe: Probe | None = None,
@@ -70,7 +71,8 @@ async def reap_once(
     `redis` is one server's client, or the `Topology` of a cluster (or of one server). With
     `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
-    `probe`, consumers holding entries that `pods` says nothing about are looked up by name;
+    `probe`, consumers holding entries that `pods` says nothing about are looked up by name
+    (`pods_listed`: `pods` come from a successful list, so a pod they do not name is missing);
     with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
 
     Redis's groups and consumers are read once (one XINFO pass per node) and the heartbeats
@@ -87,6 +89,7 @@ async def reap_once(
         )
     # Fetch.
     with report.timing("read"):
+        read_at = await queries.clock(engine)
         world = await reading.read(topology, settings.streams)
     groups = world.groups
     if probe is not None:
@@ -94,7 +97,13 @@ async def reap_once(
             pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
     with report.timing("evidence"):
         evidence = await queries.load_evidence(
-            engine, tenant=settings.tenant, configured_agents=settings.agent_ids, pods=pods
+            engine,
+            tenant=settings.tenant,
+            configured_agents=settings.agent_ids,
+            down_ms=limits.agent_down_ms,
+            pods=pods,
+            pods_listed=pods_listed,
+            read_at=read_at,
         )
         work_evidence = await work.load_work_evidence(
             engine,
@@ -104,6 +113,7 @@ async def reap_once(
             deadline_ms=limits.entry_deadline_ms,
         )
     fleet = liveness.Fleet(evidence, limits)
+    report.blind_ms = fleet.blind_ms
     report.streams = len(world.streams)
     scan = _Scan(report, fleet, work_evidence, topology, engine, settings, metrics)
     # Plan and apply, every node at once.

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import move_targets, queries, work
 from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, PendingEntry
 from rig_conductor.policy import reclaim
 from rig_conductor.reaper import moves
@@ -93,6 +93,11 @@ class Recorder:
                 consumer=target,
                 entry_ids=ids,
             )
+        await move_targets.record(
+            self._engine,
+            tenant=self._tenant,
+            targets=[(assessment.stream, assessment.group, target) for target in by_target],
+        )
 
 
 class _Moved(NamedTuple):

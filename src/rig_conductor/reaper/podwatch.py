@@ -17,7 +17,11 @@ The rules (Reaper rules 3-4 of the contract):
   by any conductor of the tenant (the `pods_seen` table: a restart or a new leader remembers).
   A consumer holding entries that neither the list nor that memory knows is looked up by name:
   a 404 makes it ABSENT, which the policy counts as gone unless the consumer heartbeats by its
-  own name (an agent outside the cluster has no pod). A failed GET leaves it UNKNOWN.
+  own name (an agent outside the cluster has no pod). A failed GET leaves it UNKNOWN. Each 404
+  is remembered (bounded, in memory) until a list shows the pod: a consumer found absent stays
+  absent once it holds nothing, so the entries moved off it can never be moved back to it.
+- Every other consumer a successful list does not show is MISSING: not gone, and never a
+  reclaim target unless it heartbeats by its own name (reaper rule 5).
 
 This module decides nothing about entries; it only supplies evidence and deletes empty consumers.
 """
@@ -178,6 +182,14 @@ class PodLiveness:
         self._probe_limit = probe_limit
         # The pods of the last successful list; None when the last list failed.
         self._listed: frozenset[PodName] | None = None
+        # Pods a GET by name answered 404 for, until a list shows them (oldest first).
+        self._absent: OrderedDict[PodName, None] = OrderedDict()
+        self._absent_memory = 10_000
+
+    @property
+    def listed(self) -> bool:
+        """Whether the last list succeeded: then a pod it did not show is missing."""
+        return self._listed is not None
 
     async def scan(self) -> Mapping[ConsumerName, PodState]:
         """The `pods` argument for `cycle.reap_once`; empty (all UNKNOWN) when the list fails."""
@@ -200,11 +212,16 @@ class PodLiveness:
             return {}
         self.tracker.apply_listing(listing, since=since)
         self._listed = frozenset(pod.name for pod in listing.pods)
+        for name in self._listed.intersection(self._absent):
+            del self._absent[name]
         if self._engine is not None:
             await pods_seen.remember(
                 self._engine, tenant=self._tenant, namespace=self.namespace, names=self._listed
             )
-        return self.tracker.states()
+        states = self.tracker.states()
+        for name in self._absent:
+            states.setdefault(ConsumerName(name), PodState.ABSENT)
+        return states
 
     async def probe(self, consumers: Sequence[ConsumerName]) -> dict[ConsumerName, PodState]:
         """Pod states for consumers the last successful list did not show (at most
@@ -236,7 +253,17 @@ class PodLiveness:
                 logger.info("Pod %s: GET by name failed, left unknown: %s", consumer, exc)
                 continue
             found[consumer] = PodState.ABSENT if pod is None else pod_state(pod)
+            self._remember_absent(PodName(consumer), pod is None)
         return found
+
+    def _remember_absent(self, name: PodName, absent: bool) -> None:
+        if not absent:
+            self._absent.pop(name, None)
+            return
+        self._absent[name] = None
+        self._absent.move_to_end(name)
+        while len(self._absent) > self._absent_memory:
+            self._absent.popitem(last=False)
 
 
 @dataclass(frozen=True, slots=True)

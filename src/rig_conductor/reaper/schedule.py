@@ -24,7 +24,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import history, queries
+from rig_conductor.adapters.postgres import history, listening, move_targets, queries
 from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
@@ -139,6 +139,7 @@ class ReaperService:
                     settings=self._settings,
                     dry_run=dry_run,
                     pods=pods,
+                    pods_listed=self._pods is not None and self._pods.listed,
                     probe=self._pods.probe if self._pods is not None else None,
                     hygiene=self._pods is not None,
                     metrics=self._metrics,
@@ -148,6 +149,8 @@ class ReaperService:
                 self._record("error", started)
                 raise
             self._record("ok", started)
+            if self._metrics is not None:
+                self._metrics.blind_window.set(report.blind_ms / 1000)
             await self._remember(report)
         self.last_report = report
         return report
@@ -231,6 +234,8 @@ class ReaperService:
             days = self._settings.event_retention_days
             deleted = await queries.delete_old_events(self._engine, older_than_days=days)
             await pods_seen.forget_older_than(self._engine, days=days)
+            await listening.forget_older_than(self._engine, days=days)
+            await move_targets.forget_older_than(self._engine, days=1)
             await history.forget_scans(self._engine, older_than_days=days)
         except Exception as exc:
             logger.error("Event retention failed: %s", cycle.describe_failure(exc))

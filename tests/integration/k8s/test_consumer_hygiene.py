@@ -54,7 +54,7 @@ async def sweep(
     """The clean-up as a scan runs it: on the scan's reading of the groups and evidence."""
     groups = await redis_streams.describe_groups(redis, streams=[StreamKey(S)])
     evidence = await queries.load_evidence(
-        engine, tenant="default", configured_agents=settings.agent_ids, pods=pods
+        engine, tenant="default", configured_agents=settings.agent_ids, down_ms=60_000, pods=pods
     )
     return await remove_consumers(
         redis=redis, groups=groups, evidence=evidence, limits=settings.limits, dry_run=dry_run

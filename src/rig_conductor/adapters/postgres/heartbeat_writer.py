@@ -9,6 +9,11 @@ a broken connection fails that batch's requests (503) and the next batch reconne
 One writer per process: a second connection writing batches in parallel halves the batch size,
 and every transaction has a fixed cost in the client and in PostgreSQL that a larger batch
 shares out.
+
+The writer also marks, four times per `slack_ms`, that this replica is listening
+(`listening.mark`), unless a batch failed since the last mark: time in which no replica could
+store heartbeats is a blind spell, which reaper rule 3 does not count as the agents' silence.
+The mark that ends a spell is logged, and handed to `on_spell_end`.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 
 import psycopg
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import listening, queries
+from rig_conductor.domain import Span
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +36,31 @@ MAX_BATCH = 1_000
 
 # Called with each batch once it is committed, before its requests are answered.
 OnCommit = Callable[[Sequence[queries.HeartbeatIn]], None]
+# Called with each blind spell this replica's listening mark ended.
+OnSpellEnd = Callable[[Span], None]
 
 
 class HeartbeatWriter:
     def __init__(
-        self, database_url: str, *, tenant: str, on_commit: OnCommit | None = None
+        self,
+        database_url: str,
+        *,
+        tenant: str,
+        replica: str = "",
+        slack_ms: int = 5_000,
+        on_commit: OnCommit | None = None,
+        on_spell_end: OnSpellEnd | None = None,
     ) -> None:
         self._url = database_url
         self._tenant = tenant
+        self._replica = replica
+        self._slack_ms = slack_ms
         self._on_commit = on_commit
+        self._on_spell_end = on_spell_end
+        self._mark_due = True
+        self._failed = False  # a batch failed since the last mark
+        self._row_id: int | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._queue: list[tuple[queries.HeartbeatIn, asyncio.Future[datetime]]] = []
         self._wake = asyncio.Event()
@@ -47,6 +69,7 @@ class HeartbeatWriter:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="heartbeat-writer")
+        self._ticker = asyncio.create_task(self._tick(), name="listening-marks")
 
     async def submit(self, heartbeat: queries.HeartbeatIn) -> datetime:
         """Queue one heartbeat; returns the receipt time once it is committed."""
@@ -61,16 +84,30 @@ class HeartbeatWriter:
         """Write what is queued, then stop."""
         self._closing = True
         self._wake.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
         if self._task is not None:
             await self._task
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self._slack_ms / 4000)
+            self._mark_due = True
+            self._wake.set()
 
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-                await self._write(batch)
+            while self._queue or (self._mark_due and not self._closing):
+                if self._queue:
+                    batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+                    await self._write(batch)
+                if self._mark_due and not self._closing:  # between batches, even under load
+                    self._mark_due = False
+                    await self._mark()
             if self._closing:
                 if self._conn is not None:
                     await self._conn.close()
@@ -87,6 +124,7 @@ class HeartbeatWriter:
                 self._conn, tenant=self._tenant, heartbeats=heartbeats
             )
         except Exception as exc:  # every waiter gets the failure; the writer carries on
+            self._failed = True
             await self._drop_connection()
             for _, future in batch:
                 if not future.done():
@@ -100,6 +138,41 @@ class HeartbeatWriter:
         for _, future in batch:
             if not future.done():
                 future.set_result(received_at)
+
+    async def _mark(self) -> None:
+        """Mark this replica as listening, unless its heartbeat writes failed since the last."""
+        if self._failed:
+            self._failed = False
+            return
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = await queries.connect_direct(self._url)
+            mark = await listening.mark(
+                self._conn,
+                tenant=self._tenant,
+                replica=self._replica,
+                row_id=self._row_id,
+                slack_ms=self._slack_ms,
+            )
+        except Exception as exc:  # PostgreSQL unreachable: no mark, which is the point
+            logger.debug("Listening mark failed: %r", exc)
+            await self._drop_connection()
+            return
+        self._row_id = mark.row_id
+        spell = mark.ended_spell
+        if spell is None:
+            return
+        seconds = (spell.end - spell.start).total_seconds()
+        logger.warning(
+            "Blind spell over: no conductor could take heartbeats in for %.1f s (%s to %s); "
+            "that time does not count toward RIG_AGENT_DOWN_MS",
+            seconds,
+            spell.start.isoformat(timespec="seconds"),
+            spell.end.isoformat(timespec="seconds"),
+            extra={"blindSeconds": round(seconds, 3)},
+        )
+        if self._on_spell_end is not None:
+            self._on_spell_end(spell)
 
     async def _drop_connection(self) -> None:
         if self._conn is not None:

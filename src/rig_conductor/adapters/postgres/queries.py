@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 import psycopg
@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import listening, move_targets
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
 from rig_conductor.domain import AgentId, ConsumerName, Evidence, Heartbeat, PodState
 
@@ -156,9 +157,17 @@ async def load_evidence(
     *,
     tenant: str,
     configured_agents: Iterable[str],
+    down_ms: int,
     pods: Mapping[ConsumerName, PodState] | None = None,
+    pods_listed: bool = False,
+    read_at: datetime | None = None,
 ) -> Evidence:
-    """Heartbeats of the tenant, with PostgreSQL's `now()` as the instant they are judged at."""
+    """Heartbeats of the tenant, with PostgreSQL's `now()` as the instant they are judged at,
+    the stretches in which conductors were listening, and the moves of the last `down_ms`.
+
+    `pods_listed`: `pods` come from a successful list, so a pod they do not name is MISSING.
+    `read_at`: when the reading of Redis that the evidence goes with began (`clock`).
+    """
     async with engine.connect() as conn:
         now: datetime = (await conn.execute(select(func.now()))).scalar_one()
         agent_rows = await conn.execute(
@@ -179,6 +188,10 @@ async def load_evidence(
             ).where(consumer_heartbeats.c.tenant == tenant)
         )
         consumers = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
+        heard = await listening.heard(conn, tenant=tenant)
+        moved_to = await move_targets.since(
+            conn, tenant=tenant, after=now - timedelta(milliseconds=down_ms)
+        )
     return Evidence(
         now=now,
         # The configured ids (settings drop blanks) and every id a heartbeat named.
@@ -186,7 +199,18 @@ async def load_evidence(
         agent_heartbeats=agents,
         consumer_heartbeats=consumers,
         pods=pods or {},
+        pods_default=PodState.MISSING if pods_listed else PodState.UNKNOWN,
+        heard=heard,
+        moved_to=moved_to,
+        read_at=read_at,
     )
+
+
+async def clock(engine: AsyncEngine) -> datetime:
+    """PostgreSQL's `now()`: the clock heartbeats, moves and listening marks are stamped by."""
+    async with engine.connect() as conn:
+        now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+    return now
 
 
 async def agent_ids(engine: AsyncEngine, *, tenant: str) -> list[str]:

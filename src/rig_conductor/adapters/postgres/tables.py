@@ -161,3 +161,30 @@ scan_reports = Table(
     Column("report", JSONB, nullable=False),
     Index("ix_scan_reports_tenant", "tenant", "id"),
 )
+
+# Every conductor that takes heartbeats in marks, about once a second, that it is listening: one
+# row per replica and unbroken stretch, `heard_to` moved on by each mark. The gaps between the
+# rows are the blind spells of reaper rule 3 (`policy.blind`).
+listening = Table(
+    "listening",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("replica", Text, nullable=False),
+    Column("heard_from", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("heard_to", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_listening_tenant", "tenant", "heard_to"),
+)
+
+# The conductor's latest move to each consumer of a group (reaper rule 5): its XCLAIM reset the
+# consumer's idle time, which is then no evidence that the consumer is alive.
+move_targets = Table(
+    "move_targets",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("group_name", Text, primary_key=True),
+    Column("consumer", Text, primary_key=True),
+    Column("moved_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_move_targets_moved", "tenant", "moved_at"),
+)
