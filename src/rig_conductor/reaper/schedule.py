@@ -4,7 +4,7 @@ replica, leading or not, drops on that schedule the metric series of agents it n
 from (RIG_AGENT_FORGET_MS).
 
 With several replicas only the elected one reaps (a Kubernetes Lease, else a PostgreSQL
-advisory lock); the others skip their scheduled scans. With Kubernetes on, each scan lists the
+lease row); the others skip their scheduled scans. With Kubernetes on, each scan lists the
 agents' pods for evidence, a deleted pod triggers a scan at once (`on_pod_gone`), and consumers
 whose pods are gone and that hold nothing are deleted after the scan.
 

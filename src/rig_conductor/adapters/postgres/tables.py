@@ -161,3 +161,15 @@ scan_reports = Table(
     Column("report", JSONB, nullable=False),
     Index("ix_scan_reports_tenant", "tenant", "id"),
 )
+
+# Who runs the scheduled scan when Kubernetes is off (`reaper.leader.LeaseRowElector`): one row
+# per tenant, written only through `leases`, on PostgreSQL's clock (migration 0011).
+reaper_lease = Table(
+    "reaper_lease",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("holder", Text),  # NULL once released
+    Column("acquired_at", DateTime(timezone=True), nullable=False),
+    Column("renewed_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)
