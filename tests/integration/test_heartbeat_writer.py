@@ -74,10 +74,7 @@ async def test_heartbeats_arriving_during_a_write_form_the_next_batch(
     assert await heartbeat_rows(engine) == 6
 
 
-async def test_a_lost_connection_fails_its_batch_and_the_next_one_reconnects(
-    writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
-) -> None:
-    await writer.submit(beat("dev-e", 0))
+async def terminate_other_backends(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         killed = await conn.execute(
             text(
@@ -86,11 +83,34 @@ async def test_a_lost_connection_fails_its_batch_and_the_next_one_reconnects(
             )
         )
         assert any(row[0] for row in killed)
-    with pytest.raises(psycopg.OperationalError):
-        await writer.submit(beat("dev-e", 1))
-    await writer.submit(beat("dev-e", 2))
-    assert commits.batches == [["dev-e-0"], ["dev-e-2"]]  # the failed batch is not reported
+
+
+async def test_a_connection_lost_while_idle_costs_no_heartbeat(
+    writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
+) -> None:
+    """PostgreSQL restarted (here: the writer's backend terminated) between two batches: the
+    next batch finds its connection broken and is written again at once on a new one."""
+    await writer.submit(beat("dev-e", 0))
+    await terminate_other_backends(engine)
+    await writer.submit(beat("dev-e", 1))
+    assert commits.batches == [["dev-e-0"], ["dev-e-1"]]
     assert await heartbeat_rows(engine) == 2
+
+
+async def test_a_database_that_cannot_be_reached_fails_the_batch(commits: Commits) -> None:
+    """Nothing listens (PostgreSQL down): the batch fails once, with the connection's error
+    (the API answers 503); the writer carries on (test_outage.py brings a server back)."""
+    writer = HeartbeatWriter(
+        "postgresql+psycopg://postgres@127.0.0.1:1/none", tenant="default", on_commit=commits
+    )
+    writer.start()
+    try:
+        for n in range(2):
+            with pytest.raises(psycopg.OperationalError):
+                await writer.submit(beat("dev-e", n))
+    finally:
+        await writer.stop()
+    assert commits.batches == []
 
 
 async def test_stop_writes_what_is_queued_then_refuses_more(

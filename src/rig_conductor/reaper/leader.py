@@ -34,6 +34,7 @@ import os
 import re
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -62,6 +63,12 @@ class Elector(Protocol):
 
     @property
     def is_leader(self) -> bool: ...
+
+    @property
+    def trouble(self) -> str | None:
+        """Why the election cannot be decided (its backend has failed every attempt for as long
+        as a leader may go without renewing), else None."""
+        ...
 
     async def start(self) -> None: ...
 
@@ -137,6 +144,8 @@ class _Elector:
         self._stopping = asyncio.Event()
         self._callbacks: set[asyncio.Future[None]] = set()
         self._expiry: asyncio.TimerHandle | None = None
+        self._trouble: str | None = None
+        self._failing_since: float | None = None  # monotonic time of the first failed attempt
         self.duration_s = duration_s
         self.period_s = duration_s / 3
         self.deadline_s = duration_s * 2 / 3
@@ -149,6 +158,28 @@ class _Elector:
     @property
     def is_leader(self) -> bool:
         return self._leader
+
+    @property
+    def trouble(self) -> str | None:
+        since = self._failing_since
+        if since is None or time.monotonic() < since + self.deadline_s:
+            return None  # one failed attempt is no outage: a leader would still be leading
+        return self._trouble
+
+    def _failed(self, why: str) -> bool:
+        """An attempt failed for want of the backend; True when it is the first in a row."""
+        first = self._failing_since is None
+        if first:
+            self._failing_since = time.monotonic()
+        self._trouble = why
+        return first
+
+    def _answered(self) -> bool:
+        """The backend answered; True when it had failed before."""
+        recovered = self._failing_since is not None
+        self._failing_since = None
+        self._trouble = None
+        return recovered
 
     async def start(self) -> None:
         if self._task is not None:
@@ -294,13 +325,16 @@ class LeaseElector(_Elector):
             try:
                 held = await asyncio.to_thread(self._attempt)
             except kubernetes.Conflict as exc:
+                self._answered()
                 self._lose(f"conflict on Lease {self.namespace}/{self.name}: {exc}")
             except kubernetes.KubernetesUnavailable as exc:
                 # Leadership, if any, lasts until the renew deadline timer says otherwise;
                 # retry sooner so one failed renewal does not cost it.
                 logger.warning("Lease %s/%s unavailable: %s", self.namespace, self.name, exc)
+                self._failed(f"Lease {self.namespace}/{self.name} unavailable: {exc}")
                 pause = self.retry_s
             else:
+                self._answered()
                 if not held:
                     self._lose(f"Lease {self.namespace}/{self.name} is held by {self.holder}")
                 elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
@@ -401,7 +435,6 @@ class LeaseRowElector(_Elector):
         # An attempt (at most a connect and one statement) that takes longer is a failed one.
         self._timeout_s = min(self.period_s / 2, 5.0)
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._failing = False
         self.holder: str | None = None  # the holder seen at the last attempt
 
     async def stop(self, *, release: bool = True) -> None:
@@ -434,16 +467,14 @@ class LeaseRowElector(_Elector):
                 # Leadership, if any, lasts until the renew deadline timer says otherwise;
                 # retry sooner so one failed renewal does not cost it.
                 await self._disconnect()
-                if not self._failing:
+                if self._failed(f"PostgreSQL unavailable: {_one_line(exc)}"):
                     logger.warning(
                         "Reaper lease of tenant %s unavailable: %s", self.tenant, _one_line(exc)
                     )
-                self._failing = True
                 pause = self.retry_s
             else:
-                if self._failing:
+                if self._answered():
                     logger.info("Reaper lease of tenant %s reachable again", self.tenant)
-                self._failing = False
                 self.holder = claim.holder
                 if not claim.held:
                     self._lose(f"reaper lease of tenant {self.tenant} is held by {claim.holder}")

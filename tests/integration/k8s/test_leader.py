@@ -202,8 +202,12 @@ async def test_an_unreachable_api_leaves_a_follower_a_follower(
     await asyncio.sleep(DURATION_S / 2)
     assert not a.is_leader
     assert kube.lease(LEASE) is None
+    # Once it has failed for as long as a leader may go without renewing, it says so.
+    await wait_for(lambda: a.trouble is not None, within=DURATION_S)
+    assert a.trouble is not None and "403" in a.trouble
     kube.clear_faults()
     await wait_for(lambda: a.is_leader, within=DURATION_S)
+    assert a.trouble is None
 
 
 async def test_slow_api_answers_do_not_extend_leadership(
@@ -401,3 +405,5 @@ async def test_an_unreachable_database_is_no_leadership(electors: list[Elector])
     await a.start()
     await asyncio.sleep(ROW_DURATION_S)
     assert not a.is_leader
+    # The schedule counts its scans as failed: nobody here can tell who reaps.
+    assert a.trouble is not None and a.trouble.startswith("PostgreSQL unavailable: ")
