@@ -47,7 +47,10 @@ def handle(entry: Any) -> None:
 
     issue = entry.fields["issueId"]
     if os.environ.get("CHAOS_DEGRADED"):
-        raise Degraded("chaos_quota_exhausted", until=datetime.now(UTC) + timedelta(seconds=2))
+        # Its entries wait for the reaper's rule 3b. After a SIGKILLed conductor the next one
+        # reaps only once the dead one's lease row has run out (up to 20 s): re-reading every
+        # 6 s, an entry reaches RIG_MAX_DELIVERIES (5) after 25 s, not in the meantime.
+        raise Degraded("chaos_quota_exhausted", until=datetime.now(UTC) + timedelta(seconds=6))
     if json.loads(entry.fields.get("payload") or "{}").get("poison"):
         raise RuntimeError(f"{issue} is poison: its build fails every time")
     hang_every = int(os.environ.get("CHAOS_HANG_EVERY", "0"))

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
 
+from rig_conductor.adapters.postgres.engine import create_sync_engine
 from rig_conductor.adapters.postgres.tables import metadata
 
 config = context.config
@@ -13,7 +12,7 @@ url = config.get_main_option("sqlalchemy.url")
 if not url:
     raise RuntimeError("sqlalchemy.url is not set: run migrations through `rig-conductor migrate`")
 
-connectable = create_engine(url, poolclass=NullPool)
+connectable = create_sync_engine(url)
 with connectable.connect() as connection:
     context.configure(connection=connection, target_metadata=metadata)
     with context.begin_transaction():

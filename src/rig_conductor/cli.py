@@ -296,13 +296,10 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 def _schema_problem(settings: Settings) -> str | None:
     """None when PostgreSQL answers and its schema is at head; else what is wrong, in one line."""
-    from sqlalchemy.ext.asyncio import create_async_engine
-    from sqlalchemy.pool import NullPool
-
     from rig_conductor.adapters.postgres import engine as pg
 
     async def check() -> str | None:
-        engine = create_async_engine(settings.sqlalchemy_url, poolclass=NullPool)
+        engine = pg.create_unpooled_engine(settings.sqlalchemy_url)
         try:
             return await pg.schema_problem(engine)
         finally:

@@ -101,7 +101,8 @@ def _listen_on_loopback(pgserver: Any, server: Any, attempts: int = 5) -> int:
 def _create_database(admin_url: str, database: str) -> None:
     import psycopg
 
-    with psycopg.connect(admin_url, autocommit=True) as conn:
+    # Prepares nothing on the server, as every connection of the conductor (engine.NO_PREPARE).
+    with psycopg.connect(admin_url, autocommit=True, prepare_threshold=None) as conn:
         found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
         if found is None:
             conn.execute(f'CREATE DATABASE "{database}"')

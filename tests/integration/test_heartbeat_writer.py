@@ -15,8 +15,6 @@ from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
-from .helpers import wait_for
-
 
 def beat(agent: str, n: int = 0) -> queries.HeartbeatIn:
     return queries.HeartbeatIn(AgentId(agent), ConsumerName(f"{agent}-{n}"))
@@ -78,16 +76,7 @@ async def test_heartbeats_arriving_during_a_write_form_the_next_batch(
     assert await heartbeat_rows(engine) == 6
 
 
-async def _marked(engine: AsyncEngine) -> bool:
-    async with engine.connect() as conn:
-        return bool((await conn.execute(text("SELECT count(*) FROM listening"))).scalar_one())
-
-
-async def test_a_lost_connection_fails_its_batch_and_the_next_one_reconnects(
-    writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
-) -> None:
-    await writer.submit(beat("dev-e", 0))
-    await wait_for(lambda: _marked(engine))  # the writer's first listening mark is done too
+async def terminate_other_backends(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         killed = await conn.execute(
             text(
@@ -96,11 +85,34 @@ async def test_a_lost_connection_fails_its_batch_and_the_next_one_reconnects(
             )
         )
         assert any(row[0] for row in killed)
-    with pytest.raises(psycopg.OperationalError):
-        await writer.submit(beat("dev-e", 1))
-    await writer.submit(beat("dev-e", 2))
-    assert commits.batches == [["dev-e-0"], ["dev-e-2"]]  # the failed batch is not reported
+
+
+async def test_a_connection_lost_while_idle_costs_no_heartbeat(
+    writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
+) -> None:
+    """PostgreSQL restarted (here: the writer's backend terminated) between two batches: the
+    next batch finds its connection broken and is written again at once on a new one."""
+    await writer.submit(beat("dev-e", 0))
+    await terminate_other_backends(engine)
+    await writer.submit(beat("dev-e", 1))
+    assert commits.batches == [["dev-e-0"], ["dev-e-1"]]
     assert await heartbeat_rows(engine) == 2
+
+
+async def test_a_database_that_cannot_be_reached_fails_the_batch(commits: Commits) -> None:
+    """Nothing listens (PostgreSQL down): the batch fails once, with the connection's error
+    (the API answers 503); the writer carries on (test_outage.py brings a server back)."""
+    writer = HeartbeatWriter(
+        "postgresql+psycopg://postgres@127.0.0.1:1/none", tenant="default", on_commit=commits
+    )
+    writer.start()
+    try:
+        for n in range(2):
+            with pytest.raises(psycopg.OperationalError):
+                await writer.submit(beat("dev-e", n))
+    finally:
+        await writer.stop()
+    assert commits.batches == []
 
 
 async def test_stop_writes_what_is_queued_then_refuses_more(

@@ -143,6 +143,7 @@ class _Follower:
 
     identity = "follower"
     is_leader = False
+    trouble = None
 
     async def start(self) -> None: ...
 

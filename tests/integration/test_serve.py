@@ -15,7 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId
-from rig_conductor.reaper import cycle
+from rig_conductor.metrics import Metrics
+from rig_conductor.reaper import cycle, leader
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
@@ -72,6 +73,36 @@ async def test_failing_scans_do_not_stop_the_schedule(
         await service.stop()
         await dead.aclose()
     assert "Scan failed: Redis unavailable" in caplog.text
+
+
+async def test_a_replica_whose_election_fails_counts_failed_scans(
+    engine: AsyncEngine,
+    redis: Redis,
+    make_settings: Callable[..., Settings],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """PostgreSQL (or the Kubernetes API) down: the replica cannot tell who reaps, so its
+    scheduled scans fail and say so, instead of being skipped as a follower's are."""
+    settings = make_settings(scan_interval_s=0.1, startup_delay_s=0)
+    elector = leader.LeaseRowElector(
+        database_url="postgresql+psycopg://nobody@127.0.0.1:1/none",
+        tenant="default",
+        lease_duration_s=1.5,
+    )
+    metrics = Metrics()
+    service = ReaperService(
+        redis=redis, engine=engine, settings=settings, metrics=metrics, elector=elector
+    )
+    await elector.start()
+    service.start()
+    try:
+        await wait_for(lambda: service.failed_scans >= 3, within=10)
+    finally:
+        await service.stop()
+        await elector.stop()
+    assert service.last_report is None
+    assert metrics.registry.get_sample_value("rig_reaper_scans_total", {"outcome": "error"}) >= 3
+    assert "Scan failed: no active reaper can be elected: PostgreSQL unavailable" in caplog.text
 
 
 async def test_startup_delay_holds_the_first_scan(

@@ -622,15 +622,19 @@ def test_choose_bucket_ms(span_ms: float, bucket: int) -> None:
     [
         (
             "postgresql+psycopg://postgres@127.0.0.1:5432/rig",
-            "jdbc:postgresql://127.0.0.1:5432/rig",
+            "jdbc:postgresql://127.0.0.1:5432/rig?prepareThreshold=0",
             {"user": "postgres"},
         ),
         (
             "postgresql://u:p%40ss@db.example:6543/rig?sslmode=require&application_name=x",
-            "jdbc:postgresql://db.example:6543/rig",
+            "jdbc:postgresql://db.example:6543/rig?prepareThreshold=0",
             {"user": "u", "password": "p@ss", "sslmode": "require", "ApplicationName": "x"},
         ),
-        ("postgresql+psycopg://u@[::1]/rig", "jdbc:postgresql://[::1]:5432/rig", {"user": "u"}),
+        (
+            "postgresql+psycopg://u@[::1]/rig",
+            "jdbc:postgresql://[::1]:5432/rig?prepareThreshold=0",
+            {"user": "u"},
+        ),
     ],
 )
 def test_jdbc_source_from_the_database_url(url: str, jdbc: str, properties: dict[str, str]) -> None:

@@ -28,10 +28,14 @@ from redis.exceptions import (
 from sqlalchemy.exc import SQLAlchemyError
 
 # Redis or PostgreSQL unreachable, timing out or refusing: the caller answers 503 and retries.
+# SQLAlchemy wraps what the pool's connections raise; the heartbeat writer's own connection
+# raises psycopg's errors as they are: OperationalError for a lost or refused connection,
+# InterfaceError for one psycopg had already found closed.
 UNAVAILABLE: tuple[type[Exception], ...] = (
     RedisError,
     SQLAlchemyError,
     psycopg.OperationalError,
+    psycopg.InterfaceError,
     OSError,
 )
 # Error replies from Redis: `judge` says whose fault each is.

@@ -92,8 +92,12 @@ def jdbc_source(database_url: str) -> JdbcSource:
             properties[_JDBC_PARAMETERS[key]] = value
         else:
             logger.info("RIG_DATABASE_URL parameter %s has no JDBC equivalent; ignored", key)
+    # prepareThreshold=0: pgjdbc never names a server-side prepared statement, so the audit
+    # reads through PgBouncer in transaction pooling mode too (as the conductor's psycopg does).
     return JdbcSource(
-        f"jdbc:postgresql://{netloc}:{url.port or 5432}/{quote(database, safe='')}", properties
+        f"jdbc:postgresql://{netloc}:{url.port or 5432}/{quote(database, safe='')}"
+        "?prepareThreshold=0",
+        properties,
     )
 
 

@@ -1,17 +1,22 @@
 """One active reaper among replicas: leader election behind one small interface.
 
-Two backends, same `Elector` interface (`start()`, `stop()`, `is_leader`, `on_change`):
+Two backends, same `Elector` interface (`start()`, `stop()`, `is_leader`, `on_change`) and the
+same timing: a leader renews every ~1/3 of the lease duration and considers itself leader only
+until 2/3 of the duration after its last successful renewal began, so it stops acting before
+any follower may take over (the remaining 1/3 absorbs a slow answer or a clock running at a
+different rate); a stopping leader hands the lease back at once; a dead one is replaced once its
+lease has run out, within the duration and one renew period.
 - `LeaseElector`, in a cluster: a coordination.k8s.io/v1 Lease, as client-go does it. Read the
   Lease; create it when absent (404); renew it when we hold it; take it over when it has no
   holder or its renewTime + leaseDurationSeconds has passed; every write carries the
   resourceVersion that was read, so a 409 Conflict means somebody else wrote first and we are
-  not the leader. The leader renews every ~1/3 of the duration and considers itself leader only
-  until 2/3 of the duration after its last successful renewal began, so it stops acting before
-  any follower may take over (the remaining 1/3 absorbs clock skew between replicas).
-- `AdvisoryLockElector`, elsewhere: `pg_try_advisory_lock` on a dedicated PostgreSQL
-  connection kept open while leading. The lock lives and dies with that session: a lost
-  connection is lost leadership, and a dead leader's lock is released by the server as soon as
-  its connection closes.
+  not the leader.
+- `LeaseRowElector`, elsewhere: a row per tenant in PostgreSQL (`reaper_lease`), taken or
+  renewed by one autocommit statement per attempt that compares expiry times on PostgreSQL's
+  own clock (`adapters.postgres.leases`). Nothing lives in the database session, so it works
+  through PgBouncer in transaction pooling mode, where a session advisory lock would not: the
+  pooler runs each transaction on any server connection, and a session lock would be left on
+  whichever one took it.
 
 Leadership only decides who runs the scheduled scan; it is not what keeps reclaims safe. That is
 the XCLAIM min-idle guard, which stays correct even if two replicas briefly both lead.
@@ -23,22 +28,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import hashlib
 import inspect
 import logging
 import os
 import re
+import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import psycopg
 from kubernetes import client as k8s_client
-from psycopg.rows import TupleRow
-from sqlalchemy.engine import make_url
 
 from rig_conductor.adapters import kubernetes
+from rig_conductor.adapters.postgres import leases, queries
 from rig_conductor.settings import SERVICE_ACCOUNT_NAMESPACE, Settings
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,6 @@ Clock = Callable[[], datetime]
 
 DEFAULT_LEASE_NAME = "rig-conductor-reaper"
 DEFAULT_LEASE_DURATION_S = 15
-DEFAULT_LOCK_PERIOD_S = 5.0
 
 
 class Elector(Protocol):
@@ -60,16 +64,26 @@ class Elector(Protocol):
     @property
     def is_leader(self) -> bool: ...
 
+    @property
+    def trouble(self) -> str | None:
+        """Why the election cannot be decided (its backend has failed every attempt for as long
+        as a leader may go without renewing), else None."""
+        ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
 
 def replica_identity(environ: Mapping[str, str] | None = None) -> str:
-    """`<pod name>_<pid>`: HOSTNAME is the pod name in a cluster, else the host name."""
+    """`<pod name>_<pid>_<random>`: HOSTNAME is the pod name in a cluster, else the host name.
+
+    Unique to this process start: whoever holds the lease is told apart by this name alone, and
+    two containers can share a host name (host networking) and a pid (both 1).
+    """
     environ = os.environ if environ is None else environ
     host = environ.get("HOSTNAME") or socket.gethostname()
-    return f"{host}_{os.getpid()}"
+    return f"{host}_{os.getpid()}_{secrets.token_hex(3)}"
 
 
 def lease_name(tenant: str) -> str:
@@ -80,12 +94,6 @@ def lease_name(tenant: str) -> str:
     return f"{DEFAULT_LEASE_NAME}-{slug}"[:63].rstrip("-")
 
 
-def advisory_key(tenant: str) -> int:
-    """A stable signed 64-bit key for pg_try_advisory_lock, one per tenant."""
-    digest = hashlib.sha256(f"rig-conductor:reaper:{tenant}".encode()).digest()
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
 def make_elector(
     *,
     settings: Settings,
@@ -93,7 +101,7 @@ def make_elector(
     identity: str | None = None,
     on_change: OnChange | None = None,
 ) -> Elector:
-    """A Lease elector when `api` is given (Kubernetes is on), else a PostgreSQL advisory lock.
+    """A Lease elector when `api` is given (Kubernetes is on), else a lease row in PostgreSQL.
 
     The Lease lives in the conductor's own namespace (its service account's), else in
     RIG_K8S_NAMESPACE / `default`.
@@ -107,9 +115,9 @@ def make_elector(
             identity=identity,
             on_change=on_change,
         )
-    return AdvisoryLockElector(
+    return LeaseRowElector(
         database_url=settings.sqlalchemy_url,
-        key=advisory_key(settings.tenant),
+        tenant=settings.tenant,
         identity=identity,
         on_change=on_change,
     )
@@ -123,9 +131,11 @@ def _own_namespace(settings: Settings) -> str:
 
 
 class _Elector:
-    """The loop, the flag and the change callback both backends share."""
+    """What both backends share: the loop, the timing, the flag and the change callback."""
 
-    def __init__(self, *, identity: str, on_change: OnChange | None, kind: str) -> None:
+    def __init__(
+        self, *, identity: str, on_change: OnChange | None, kind: str, duration_s: float
+    ) -> None:
         self._identity = identity
         self._on_change = on_change
         self._kind = kind
@@ -133,6 +143,13 @@ class _Elector:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._callbacks: set[asyncio.Future[None]] = set()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._trouble: str | None = None
+        self._failing_since: float | None = None  # monotonic time of the first failed attempt
+        self.duration_s = duration_s
+        self.period_s = duration_s / 3
+        self.deadline_s = duration_s * 2 / 3
+        self.retry_s = self.period_s / 2.5  # after a failed attempt: 2 s for a 15 s lease
 
     @property
     def identity(self) -> str:
@@ -141,6 +158,28 @@ class _Elector:
     @property
     def is_leader(self) -> bool:
         return self._leader
+
+    @property
+    def trouble(self) -> str | None:
+        since = self._failing_since
+        if since is None or time.monotonic() < since + self.deadline_s:
+            return None  # one failed attempt is no outage: a leader would still be leading
+        return self._trouble
+
+    def _failed(self, why: str) -> bool:
+        """An attempt failed for want of the backend; True when it is the first in a row."""
+        first = self._failing_since is None
+        if first:
+            self._failing_since = time.monotonic()
+        self._trouble = why
+        return first
+
+    def _answered(self) -> bool:
+        """The backend answered; True when it had failed before."""
+        recovered = self._failing_since is not None
+        self._failing_since = None
+        self._trouble = None
+        return recovered
 
     async def start(self) -> None:
         if self._task is not None:
@@ -190,6 +229,19 @@ class _Elector:
         if not future.cancelled() and future.exception() is not None:
             logger.error("Leadership change callback failed: %r", future.exception())
 
+    def _renewed(self, loop: asyncio.AbstractEventLoop, *, valid_until: float, why: str) -> None:
+        """Leader until `valid_until` (loop time) unless renewed again before."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry = loop.call_at(valid_until, self._lose, "renew deadline passed")
+        self._set_leader(True, why)
+
+    def _lose(self, why: str) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._set_leader(False, why)
+
 
 class LeaseAction(enum.Enum):
     CREATE = "create"
@@ -227,20 +279,21 @@ class LeaseElector(_Elector):
         on_change: OnChange | None = None,
         clock: Clock | None = None,
     ) -> None:
-        super().__init__(identity=identity or replica_identity(), on_change=on_change, kind="lease")
         if lease_duration_s < 1:
             raise ValueError("lease_duration_s must be at least 1")
+        super().__init__(
+            identity=identity or replica_identity(),
+            on_change=on_change,
+            kind="lease",
+            duration_s=lease_duration_s,
+        )
         self.api = api
         self.namespace = namespace
         self.name = name
-        self.duration_s = lease_duration_s
-        self.period_s = lease_duration_s / 3
-        self.deadline_s = lease_duration_s * 2 / 3
-        self.retry_s = self.period_s / 2.5  # after a failed attempt: 2 s for a 15 s lease
+        self._seconds = lease_duration_s  # leaseDurationSeconds is an integer
         # (connect, read) per request: an attempt (a read and a write) fits in ~1 period.
         self._timeout = (min(self.period_s / 2, 2.0), min(self.period_s / 2, 5.0))
         self._clock = clock or (lambda: datetime.now(UTC))
-        self._expiry: asyncio.TimerHandle | None = None
         self.holder: str | None = None  # the holder seen at the last read
 
     async def stop(self, *, release: bool = True) -> None:
@@ -272,30 +325,25 @@ class LeaseElector(_Elector):
             try:
                 held = await asyncio.to_thread(self._attempt)
             except kubernetes.Conflict as exc:
+                self._answered()
                 self._lose(f"conflict on Lease {self.namespace}/{self.name}: {exc}")
             except kubernetes.KubernetesUnavailable as exc:
                 # Leadership, if any, lasts until the renew deadline timer says otherwise;
                 # retry sooner so one failed renewal does not cost it.
                 logger.warning("Lease %s/%s unavailable: %s", self.namespace, self.name, exc)
+                self._failed(f"Lease {self.namespace}/{self.name} unavailable: {exc}")
                 pause = self.retry_s
             else:
+                self._answered()
                 if not held:
                     self._lose(f"Lease {self.namespace}/{self.name} is held by {self.holder}")
                 elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
-                    self._renewed(loop, valid_until=began + self.deadline_s)
+                    self._renewed(
+                        loop,
+                        valid_until=began + self.deadline_s,
+                        why=f"holds Lease {self.namespace}/{self.name}",
+                    )
             await self._pause(pause)
-
-    def _renewed(self, loop: asyncio.AbstractEventLoop, *, valid_until: float) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-        self._expiry = loop.call_at(valid_until, self._lose, "renew deadline passed")
-        self._set_leader(True, f"holds Lease {self.namespace}/{self.name}")
-
-    def _lose(self, why: str) -> None:
-        if self._expiry is not None:
-            self._expiry.cancel()
-            self._expiry = None
-        self._set_leader(False, why)
 
     def _attempt(self) -> bool:
         """One read and at most one write (in a worker thread). True when we hold the Lease."""
@@ -313,7 +361,7 @@ class LeaseElector(_Elector):
                 namespace=self.namespace,
                 name=self.name,
                 holder=self.identity,
-                duration_s=self.duration_s,
+                duration_s=self._seconds,
                 now=now,
                 timeout=self._timeout,
             )
@@ -325,7 +373,7 @@ class LeaseElector(_Elector):
                 name=self.name,
                 resource_version=record.resource_version,
                 holder=self.identity,
-                duration_s=self.duration_s,
+                duration_s=self._seconds,
                 acquire_time=(record.acquire_time or now) if renewing else now,
                 renew_time=now,
                 transitions=record.transitions if renewing else record.transitions + 1,
@@ -357,97 +405,112 @@ class LeaseElector(_Elector):
         logger.info("Released Lease %s/%s", self.namespace, self.name)
 
 
-class AdvisoryLockElector(_Elector):
-    """Leader election on a PostgreSQL session-level advisory lock (see the module docstring).
+class LeaseRowElector(_Elector):
+    """Leader election on a lease row in PostgreSQL (see the module docstring).
 
-    While leading, the loop waits on the connection's socket between checks, so a connection the
-    server closes (restart, pg_terminate_backend) ends leadership at once, not at the next check.
-    TCP keepalives bound how long a silently dead network path goes unnoticed.
+    The attempts run on a connection of the elector's own, outside the engine's pool, so a pool
+    busy with API calls cannot make the leader miss its renewals. The connection carries no
+    state: a broken one is simply opened again, on any server connection the pooler picks.
     """
 
     def __init__(
         self,
         *,
         database_url: str,
-        key: int,
+        tenant: str,
         identity: str | None = None,
-        period_s: float = DEFAULT_LOCK_PERIOD_S,
+        lease_duration_s: float = DEFAULT_LEASE_DURATION_S,
         on_change: OnChange | None = None,
     ) -> None:
+        if lease_duration_s <= 0:
+            raise ValueError("lease_duration_s must be positive")
         super().__init__(
-            identity=identity or replica_identity(), on_change=on_change, kind="advisory-lock"
+            identity=identity or replica_identity(),
+            on_change=on_change,
+            kind="lease-row",
+            duration_s=lease_duration_s,
         )
-        url = make_url(database_url).set(drivername="postgresql")
-        self._conninfo = url.render_as_string(hide_password=False)
-        self.key = key
-        self.period_s = period_s
-        self._timeout_s = max(1.0, min(period_s, 10.0))
-        self._conn: psycopg.AsyncConnection[TupleRow] | None = None
-
-    @property
-    def backend_pid(self) -> int | None:
-        """The server process holding (or trying for) the lock, for operators and tests."""
-        conn = self._conn
-        return conn.info.backend_pid if conn is not None and not conn.closed else None
+        self._url = database_url
+        self.tenant = tenant
+        # An attempt (at most a connect and one statement) that takes longer is a failed one.
+        self._timeout_s = min(self.period_s / 2, 5.0)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self.holder: str | None = None  # the holder seen at the last attempt
 
     async def stop(self, *, release: bool = True) -> None:
-        """Stop; closing the session releases the lock (unlocked explicitly first if asked)."""
+        """Stop renewing; when leading, hand the lease back so a follower need not wait it out.
+
+        `release=False` leaves the lease to expire, as a crashed replica would.
+        """
         await self._stop_task()
         was_leader = self._leader
-        self._set_leader(False, "stopped")
-        if release and was_leader and self._conn is not None:
-            with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
-                await asyncio.wait_for(
-                    self._conn.execute("SELECT pg_advisory_unlock(%s)", (self.key,)),
-                    timeout=self._timeout_s,
+        self._lose("stopped")
+        if release and was_leader:
+            try:
+                await asyncio.wait_for(self._release(), timeout=2 * self._timeout_s)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                logger.info(
+                    "Reaper lease of tenant %s not released, it will expire instead: %s",
+                    self.tenant,
+                    _one_line(exc),
                 )
         await self._disconnect()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
+            began = loop.time()
+            pause = self.period_s
             try:
-                held = await asyncio.wait_for(self._attempt(), timeout=self._timeout_s)
+                claim = await asyncio.wait_for(self._attempt(), timeout=self._timeout_s)
             except (psycopg.Error, OSError, TimeoutError) as exc:
+                # Leadership, if any, lasts until the renew deadline timer says otherwise;
+                # retry sooner so one failed renewal does not cost it.
                 await self._disconnect()
-                self._set_leader(False, f"PostgreSQL connection lost: {_one_line(exc)}")
-                await self._pause(self.period_s)
-                continue
-            self._set_leader(held, f"advisory lock {self.key}")
-            if held:
-                await self._hold(self.period_s)
+                if self._failed(f"PostgreSQL unavailable: {_one_line(exc)}"):
+                    logger.warning(
+                        "Reaper lease of tenant %s unavailable: %s", self.tenant, _one_line(exc)
+                    )
+                pause = self.retry_s
             else:
-                await self._pause(self.period_s)
+                if self._answered():
+                    logger.info("Reaper lease of tenant %s reachable again", self.tenant)
+                self.holder = claim.holder
+                if not claim.held:
+                    self._lose(f"reaper lease of tenant {self.tenant} is held by {claim.holder}")
+                elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
+                    self._renewed(
+                        loop,
+                        valid_until=began + self.deadline_s,
+                        why=f"holds the reaper lease of tenant {self.tenant}",
+                    )
+            await self._pause(pause)
 
-    async def _attempt(self) -> bool:
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
         if conn is None or conn.closed:
-            conn = self._conn = await psycopg.AsyncConnection.connect(
-                self._conninfo,
-                autocommit=True,
+            conn = self._conn = await queries.connect_direct(
+                self._url,
                 connect_timeout=max(1, int(self._timeout_s)),
                 application_name=f"rig-conductor leader {self.identity}"[:63],
-                keepalives=1,
-                keepalives_idle=5,
-                keepalives_interval=2,
-                keepalives_count=3,
             )
-        if self._leader:
-            await conn.execute("SELECT 1")
-            return True
-        cursor = await conn.execute("SELECT pg_try_advisory_lock(%s)", (self.key,))
-        row = await cursor.fetchone()
-        return bool(row and row[0])
+        return conn
 
-    async def _hold(self, seconds: float) -> None:
-        """Wait `seconds` on the leader's connection; a broken connection ends leadership now."""
+    async def _attempt(self) -> leases.LeaseClaim:
+        return await leases.try_take(
+            await self._connection(),
+            tenant=self.tenant,
+            holder=self.identity,
+            duration_s=self.duration_s,
+        )
+
+    async def _release(self) -> None:
         conn = self._conn
-        assert conn is not None
-        try:
-            async for _ in conn.notifies(timeout=seconds):
-                pass
-        except (psycopg.Error, OSError) as exc:
+        if conn is not None and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            # An attempt was cut off mid-statement: its connection's state is unknown.
             await self._disconnect()
-            self._set_leader(False, f"PostgreSQL connection lost: {_one_line(exc)}")
+        if await leases.release(await self._connection(), tenant=self.tenant, holder=self.identity):
+            logger.info("Released the reaper lease of tenant %s", self.tenant)
 
     async def _disconnect(self) -> None:
         conn, self._conn = self._conn, None

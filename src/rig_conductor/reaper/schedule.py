@@ -4,12 +4,13 @@ replica, leading or not, drops on that schedule the metric series of agents it n
 from (RIG_AGENT_FORGET_MS).
 
 With several replicas only the elected one reaps (a Kubernetes Lease, else a PostgreSQL
-advisory lock); the others skip their scheduled scans. With Kubernetes on, each scan lists the
+lease row); the others skip their scheduled scans. With Kubernetes on, each scan lists the
 agents' pods for evidence, a deleted pod triggers a scan at once (`on_pod_gone`), and consumers
 whose pods are gone and that hold nothing are deleted after the scan.
 
-A failing scan is logged and counted; the schedule carries on. Stopping waits for a scan in
-progress to finish.
+A failing scan is logged and counted; the schedule carries on. So is a scheduled scan on a
+replica whose election cannot be decided (its backend, PostgreSQL or the Kubernetes API, is
+down): it cannot know whether anybody reaps. Stopping waits for a scan in progress to finish.
 """
 
 from __future__ import annotations
@@ -195,7 +196,16 @@ class ReaperService:
     async def _scan_on_schedule(self) -> None:
         self._forget_series()
         if not self.leading:
-            logger.debug("Not the active reaper: scheduled scan skipped")
+            trouble = self._elector.trouble if self._elector is not None else None
+            if trouble is None:
+                logger.debug("Not the active reaper: scheduled scan skipped")
+                return
+            # Nobody here can tell who reaps (PostgreSQL or the Kubernetes API is down): that
+            # is a scan that did not happen, and must show as one.
+            self.failed_scans += 1
+            if self._metrics is not None:  # counted, but no duration: nothing ran
+                self._metrics.scans.labels("error").inc()
+            logger.error("Scan failed: no active reaper can be elected: %s", trouble)
             return
         try:
             report = await self.scan()

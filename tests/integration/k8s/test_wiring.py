@@ -91,7 +91,7 @@ async def test_two_conductors_one_reaper(
         await wait_for(lambda: scans(first) >= 2, within=10)
         async with running(second) as api_second:
             await asyncio.sleep(1.0)
-            assert scans(second) == 0  # the first holds the advisory lock
+            assert scans(second) == 0  # the first holds the lease row
             refused = await api_second.post("/api/reaper/scan")
             assert refused.status_code == 409
             assert (await api_second.post("/api/reaper/scan?dryRun=true")).status_code == 200

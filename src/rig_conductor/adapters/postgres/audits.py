@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-import sqlalchemy
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres.engine import create_sync_engine
 from rig_conductor.adapters.postgres.tables import audit_runs, events
 
 
@@ -28,7 +28,7 @@ def record_audit(
     issues done twice), and an AUDIT_COMPLETED event, in one transaction. Blocking: the audit's
     driver calls it once, at the end."""
     verdict = {"dispatched": dispatched, "lost": lost, "duplicates": duplicates}
-    engine = sqlalchemy.create_engine(url, pool_pre_ping=True)
+    engine = create_sync_engine(url)
     try:
         with engine.begin() as conn:
             conn.execute(audit_runs.insert().values(tenant=tenant, output=output, **verdict))

@@ -2,22 +2,53 @@
 
 The check compares the database's applied revision with `SCHEMA_HEAD` and never loads alembic:
 every command that needs the schema runs it at start, and alembic is only needed to migrate.
+
+RIG_DATABASE_URL may point at PgBouncer in transaction pooling mode, which hands each
+transaction to whichever server connection is free. A statement psycopg prepared on one server
+connection is unknown on the next (PgBouncer 1.18 does not track them), so no connection the
+conductor makes ever prepares one: every engine here, and every direct psycopg connection,
+passes `NO_PREPARE`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import sqlalchemy
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 # The newest revision in migrations/versions: what this release needs. A test checks that
 # alembic's head is this revision, so a new migration cannot ship without it.
-SCHEMA_HEAD = "0010"
+SCHEMA_HEAD = "0011"
+
+# psycopg's connect() keywords: never prepare a statement on the server (psycopg's default
+# prepares any statement run 5 times on one connection).
+NO_PREPARE: dict[str, Any] = {"prepare_threshold": None}
 
 
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    """An async engine on psycopg 3. `pool_pre_ping` survives a database restart."""
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True)
+    """An async engine on psycopg 3. `pool_pre_ping` checks a pooled connection before handing
+    it out, so one left stale by a database restart is replaced, never used."""
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        connect_args=dict(NO_PREPARE),
+    )
+
+
+def create_unpooled_engine(url: str) -> AsyncEngine:
+    """An async engine that opens a connection per use: for a one-off check."""
+    return create_async_engine(url, poolclass=NullPool, connect_args=dict(NO_PREPARE))
+
+
+def create_sync_engine(url: str) -> sqlalchemy.Engine:
+    """A blocking engine, a connection per use: for migrations and the audit's one write."""
+    return sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=dict(NO_PREPARE))
 
 
 async def applied_revision(engine: AsyncEngine) -> str | None:

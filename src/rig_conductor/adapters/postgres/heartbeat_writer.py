@@ -3,8 +3,11 @@
 Each request waits until the batch holding its heartbeat has committed, so a 202 always means
 durable. While a batch is being written, newly arriving heartbeats queue for the next one:
 batches grow with load (and with the database's latency) and add no delay when idle. The writer
-keeps a connection of its own (no pool checkout, autocommit), so a batch is a single round trip;
-a broken connection fails that batch's requests (503) and the next batch reconnects.
+keeps a connection of its own (no pool checkout, autocommit), so a batch is a single round trip.
+A connection that broke while idle (PostgreSQL restarted, a pooler or a firewall closed it) is
+only found out by the next batch: that batch is written again at once on a new connection. When
+that fails too (PostgreSQL is down) the batch's requests fail (503), and the next batch connects
+anew.
 
 One writer per process: a second connection writing batches in parallel halves the batch size,
 and every transaction has a fixed cost in the client and in PostgreSQL that a larger batch
@@ -118,11 +121,17 @@ class HeartbeatWriter:
     ) -> None:
         heartbeats = [hb for hb, _ in batch]
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = await queries.connect_direct(self._url)
-            received_at = await queries.record_heartbeats_on(
-                self._conn, tenant=self._tenant, heartbeats=heartbeats
-            )
+            try:
+                reused = self._conn is not None and not self._conn.closed
+                received_at = await self._record(heartbeats)
+            except (psycopg.OperationalError, psycopg.InterfaceError):
+                if not reused:
+                    raise
+                # A stale connection. Writing the batch twice is harmless should the first
+                # write have committed after all: the rows keep the latest state, and the
+                # event log gains a duplicate heartbeat.
+                await self._drop_connection()
+                received_at = await self._record(heartbeats)
         except Exception as exc:  # every waiter gets the failure; the writer carries on
             self._failed = True
             await self._drop_connection()
@@ -173,6 +182,13 @@ class HeartbeatWriter:
         )
         if self._on_spell_end is not None:
             self._on_spell_end(spell)
+
+    async def _record(self, heartbeats: list[queries.HeartbeatIn]) -> datetime:
+        if self._conn is None or self._conn.closed:
+            self._conn = await queries.connect_direct(self._url)
+        return await queries.record_heartbeats_on(
+            self._conn, tenant=self._tenant, heartbeats=heartbeats
+        )
 
     async def _drop_connection(self) -> None:
         if self._conn is not None:

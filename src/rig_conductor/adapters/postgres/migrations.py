@@ -12,8 +12,8 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
+
+from rig_conductor.adapters.postgres.engine import create_sync_engine
 
 
 def alembic_config(url: str) -> Config:
@@ -34,7 +34,7 @@ def head_revision(url: str) -> str | None:
 
 
 def current_revision(url: str) -> str | None:
-    engine = create_engine(url, poolclass=NullPool)
+    engine = create_sync_engine(url)
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()

@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import listening, move_targets
+from rig_conductor.adapters.postgres.engine import NO_PREPARE
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
 from rig_conductor.domain import AgentId, ConsumerName, Evidence, Heartbeat, PodState
 
@@ -60,7 +61,7 @@ class AgentRow:
 # since was degraded, restarts at now() when the run broke (also within this batch), and is
 # NULL when the latest heartbeat is healthy. An agent's run counts only heartbeats that name no
 # consumer: a consumer's own heartbeats decide for that consumer alone.
-# Constant text whatever the batch size, so the driver prepares it once.
+# Constant text whatever the batch size: one statement, one round trip.
 _HEARTBEATS_SQL = """
 WITH batch AS (
     SELECT item->>0 AS agent_id, item->>1 AS consumer, (item->>2)::boolean AS degraded,
@@ -134,11 +135,17 @@ async def record_heartbeats(
     return received_at
 
 
-async def connect_direct(url: str) -> psycopg.AsyncConnection[Any]:
+async def connect_direct(
+    url: str, *, connect_timeout: int = 5, **options: Any
+) -> psycopg.AsyncConnection[Any]:
     """A psycopg connection of its own, outside the pool, autocommitting: for a hot writer that
-    wants one round trip per batch and no pool checkout around it."""
+    wants one round trip per batch and no pool checkout around it. Prepares nothing on the
+    server (`engine.NO_PREPARE`: PgBouncer in transaction mode). `options`: more libpq
+    parameters (application_name, keepalives...)."""
     conninfo = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    return await psycopg.AsyncConnection.connect(conninfo, autocommit=True, connect_timeout=5)
+    return await psycopg.AsyncConnection.connect(
+        conninfo, autocommit=True, connect_timeout=connect_timeout, **NO_PREPARE, **options
+    )
 
 
 async def record_heartbeats_on(

@@ -162,7 +162,7 @@ scan_reports = Table(
     Index("ix_scan_reports_tenant", "tenant", "id"),
 )
 
-# Every conductor that takes heartbeats in marks, about once a second, that it is listening: one
+# Every conductor that takes heartbeats in marks, a few times a second, that it is listening: one
 # row per replica and unbroken stretch, `heard_to` moved on by each mark. The gaps between the
 # rows are the blind spells of reaper rule 3 (`policy.blind`).
 listening = Table(
@@ -187,4 +187,16 @@ move_targets = Table(
     Column("consumer", Text, primary_key=True),
     Column("moved_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_move_targets_moved", "tenant", "moved_at"),
+)
+
+# Who runs the scheduled scan when Kubernetes is off (`reaper.leader.LeaseRowElector`): one row
+# per tenant, written only through `leases`, on PostgreSQL's clock (migration 0011).
+reaper_lease = Table(
+    "reaper_lease",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("holder", Text),  # NULL once released
+    Column("acquired_at", DateTime(timezone=True), nullable=False),
+    Column("renewed_at", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
 )
