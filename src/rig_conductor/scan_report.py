@@ -58,6 +58,8 @@ class ScanReport(_Report):
     nodes_failed: list[str] = Field(default_factory=list)
     # Dispatches Redis had lost (a failover, a restart), appended again (`reaper.redispatch`).
     redispatched: int = 0
+    # Dispatch streams whose Redis this scan found had lost its data (`reaper.redis_loss`).
+    redis_data_lost: list[str] = Field(default_factory=list)
     dry_run: bool
     duration_ms: int = 0
     # Where the scan's time went, in milliseconds per phase (summed over a cluster's nodes).
