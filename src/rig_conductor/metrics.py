@@ -103,6 +103,20 @@ class Metrics:
             "than RIG_AGENT_DOWN_MS a silent agent counts as down right now",
             registry=r,
         )
+        self.redispatched = Counter(
+            "rig_redispatched_entries",
+            "Dispatches Redis had lost, appended again from PostgreSQL: `lost` by the per-scan "
+            "check of recent unstarted ones, `redis-data-loss` after Redis lost its data",
+            ["stream", "reason"],
+            registry=r,
+        )
+        self.redis_data_losses = Counter(
+            "rig_redis_data_losses",
+            "Times a scan found that Redis had lost its data (the epoch marker beside the "
+            "stream was gone): restarted without persistence, flushed, or failed over empty",
+            ["stream"],
+            registry=r,
+        )
         # The last finished audit's verdict (rig-conductor audit records it in PostgreSQL).
         self.audit_lost = Gauge(
             "rig_audit_lost_entries",

@@ -61,6 +61,8 @@ class ScanReport(_Report):
     # Blind time inside the window that decided who is down (reaper rule 3): silent agents
     # count as down this much later than RIG_AGENT_DOWN_MS.
     blind_ms: int = 0
+    # Dispatch streams whose Redis this scan found had lost its data (`reaper.redis_loss`).
+    redis_data_lost: list[str] = Field(default_factory=list)
     dry_run: bool
     duration_ms: int = 0
     # Where the scan's time went, in milliseconds per phase (summed over a cluster's nodes).

@@ -161,9 +161,20 @@ def test_a_dispatch_appended_again_replaces_the_entry_redis_lost(spark: SparkSes
         .assign("2-0", "rc-2")
         .add(rc.ISSUE_ASSIGNED, entry="8-0", issue="rc-1", agent="dev-e",
              detail={"idempotencyKey": "rc-1", "replaces": "1-0"})
+        # Redis lost 3-0 after it was started: replaced too, its holder's reports aside
+        .assign("3-0", "rc-3").work(rc.WORK_STARTED, "3-0", "dev-e-0", 1)
+        .add(rc.ISSUE_ASSIGNED, entry="9-0", issue="rc-3", agent="dev-e",
+             detail={"idempotencyKey": "rc-3", "replaces": "3-0"})
+        .work(rc.WORK_COMPLETED, "3-0", "dev-e-0", 1, fenced=True, issue="rc-3")
+        .work(rc.WORK_STARTED, "9-0", "qa-e-0", 1).work(rc.WORK_COMPLETED, "9-0", "qa-e-0", 1)
     )  # fmt: skip
-    rows = {r["entry_id"]: r["issue_id"] for r in facts(log.frame(spark)).collect()}
-    assert rows == {"2-0": "rc-2", "8-0": "rc-1"}
+    rows = {r["entry_id"]: r for r in facts(log.frame(spark)).collect()}
+    assert {e: r["issue_id"] for e, r in rows.items()} == {
+        "2-0": "rc-2",
+        "8-0": "rc-1",
+        "9-0": "rc-3",
+    }
+    assert (rows["9-0"]["completed_by"], rows["9-0"]["fenced_reports"]) == (["qa-e-0"], 0)
 
 
 def test_reports_take_the_issue_of_their_dispatch_when_they_name_none(spark: SparkSession) -> None:
@@ -404,6 +415,15 @@ def duplicate_world() -> Log:
     log.work(rc.WORK_STARTED, "9-0", "dev-e-0", 2).work(rc.WORK_COMPLETED, "9-0", "dev-e-0", 2)
     log.work(rc.WORK_COMPLETED, "9-0", "ops-e-0", 1, fenced=True)
     log.assign("10-0", "rc-h").work(rc.WORK_COMPLETED, "10-0", "qa-e-0", None)
+    # rc-i: Redis lost 11-0 while ops-e-0 had it in hand; the dispatch was appended again as
+    # 12-0 and the lost entry superseded, so the holder's late completion is fenced: it ran
+    # twice (allowed), but only one completion counts and no attempt of one entry overlapped
+    log.assign("11-0", "rc-i").work(rc.WORK_STARTED, "11-0", "ops-e-0", 1)
+    log.add(rc.ISSUE_ASSIGNED, entry="12-0", issue="rc-i", agent="dev-e",
+            detail={"idempotencyKey": "rc-i", "replaces": "11-0"})  # fmt: skip
+    log.work(rc.WORK_STARTED, "12-0", "dev-e-0", 1)
+    log.work(rc.WORK_COMPLETED, "11-0", "ops-e-0", 1, fenced=True, issue="rc-i")
+    log.work(rc.WORK_COMPLETED, "12-0", "dev-e-0", 1)
     return log
 
 
@@ -442,6 +462,7 @@ def test_an_issue_completed_by_two_consumers_is_a_duplicate(dupes: DuplicateWorl
 def test_repeated_or_refused_completions_are_not_duplicates(dupes: DuplicateWorld) -> None:
     assert "rc-b" not in dupes.duplicates
     assert "rc-c" not in dupes.duplicates
+    assert "rc-i" not in dupes.duplicates  # a lost entry's holder, fenced
 
 
 def test_an_older_attempt_reporting_after_a_newer_start_is_a_duplicate(

@@ -29,7 +29,8 @@ Role = Literal["conductor", "agent"]
 
 # The least-privilege ACL rules (`ACL SETUSER <name> <rules> ><password>`) for the key space of
 # the default streams; the README shows them, and the tests run both roles with exactly these.
-# For other streams, add their patterns (a stream, its `:dlq` and its `:dispatched:` markers).
+# For other streams, add their patterns (a stream, its `:dlq`, its `:dispatched:` markers and
+# its `:epoch` marker).
 CONDUCTOR_ACL = (
     "on resetkeys ~rig:* ~{rig:* ~assignments:* ~{assignments:* resetchannels -@all "
     "+ping +time +scan +type +exists +get +set +wait "

@@ -51,6 +51,12 @@ def dispatched_key(stream: str, key: str, *, clustered: bool = False) -> str:
     return f"{slot_prefix(stream, clustered=clustered)}:dispatched:{key}"
 
 
+def epoch_key(stream: str, *, clustered: bool = False) -> str:
+    """The marker the conductor keeps beside `stream` and remembers in PostgreSQL: gone (or
+    another) means Redis lost its data since, with this stream's slot on a cluster."""
+    return f"{slot_prefix(stream, clustered=clustered)}:epoch"
+
+
 def revoked_session_key(stream: str, nonce: str, *, clustered: bool = False) -> str:
     """The marker that the console session with `nonce` was signed out (kept until it would
     have expired), in the dispatch stream's name space: the ACL rules that let the conductor

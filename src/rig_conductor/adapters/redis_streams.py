@@ -148,16 +148,43 @@ async def append_once_replicated(
 
 async def dispatch_markers(
     client: AnyRedis, *, items: Sequence[tuple[StreamKey, str]]
-) -> list[bool]:
-    """Whether each (stream, idempotency key)'s append marker exists, in one round trip."""
+) -> list[EntryId | None]:
+    """Each (stream, idempotency key)'s append marker: the entry id it was appended as, None
+    when the marker is missing; in one round trip."""
     if not items:
         return []
     clustered = is_clustered(client)
     async with client.pipeline(transaction=False) as pipe:
         for stream, key in items:
-            pipe.exists(redis_keys.dispatched_key(stream, key, clustered=clustered))
+            pipe.get(redis_keys.dispatched_key(stream, key, clustered=clustered))
         replies = await pipe.execute()
-    return [bool(reply) for reply in replies]
+    return [EntryId(str(reply)) if reply is not None else None for reply in replies]
+
+
+# Set the stream's epoch marker unless one is there; either way answer the one that is.
+# KEYS: the marker. ARGV: a new epoch. Returns {epoch, 1 if set now else 0}.
+_CLAIM_EPOCH_LUA = """
+local existing = redis.call('GET', KEYS[1])
+if existing then return {existing, 0} end
+redis.call('SET', KEYS[1], ARGV[1])
+return {ARGV[1], 1}
+"""
+
+
+async def read_epoch(client: AnyRedis, *, stream: StreamKey) -> str | None:
+    """The epoch marker beside `stream`; None when Redis has none."""
+    found = await client.get(redis_keys.epoch_key(stream, clustered=is_clustered(client)))
+    return str(found) if found is not None else None
+
+
+async def claim_epoch(client: AnyRedis, *, stream: StreamKey, epoch: str) -> tuple[str, bool]:
+    """Set `epoch` beside `stream` unless a marker is there (no expiry: it must outlive every
+    dispatch); (the marker now there, set now). Two conductors that both found it missing
+    agree on the first one set."""
+    script = client.register_script(_CLAIM_EPOCH_LUA)
+    key = redis_keys.epoch_key(stream, clustered=is_clustered(client))
+    found, claimed = await script(keys=[key], args=[epoch])
+    return str(found), bool(claimed)
 
 
 def _append_args(fields: Mapping[str, str], remember_s: int) -> list[str | int]:

@@ -180,6 +180,14 @@ class Agent:
         await self._reader.join(self.start_id)
         self._joined = True
 
+    async def _rejoin_group(self) -> None:
+        """The group vanished (NOGROUP): create it again from id 0, whatever `--start-id` said,
+        so nothing the conductor appends again after Redis lost its data is skipped; and this
+        consumer again, so it is a reclaim target before it reads. Its pending list is gone
+        with the group: whatever it held is dispatched again by the conductor."""
+        await self._reader.join("0")
+        self._joined = True
+
     async def _heartbeats(self) -> None:
         """Renew the consumer-name lease and heartbeat, every RIG_HEARTBEAT_INTERVAL_S."""
         while True:
@@ -223,7 +231,7 @@ class Agent:
                     next_scan = 0.0  # then our own pending entries first
                     continue
                 if not self._joined:
-                    await self._join_group()
+                    await self._rejoin_group()
                 if time.monotonic() >= next_scan:
                     await self._read_pending()
                     next_scan = time.monotonic() + self.settings.scan_interval_s
@@ -233,10 +241,18 @@ class Agent:
                 failures = 0
             except RedisError as exc:
                 failures += 1
+                delay = backoff(failures)
                 if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
                     self._joined = False
-                delay = backoff(failures)
-                logger.warning("Redis error while reading: %s; retrying in %.1fs", exc, delay)
+                    logger.warning(
+                        "Group %s of %s is gone (Redis lost its data: restarted empty, flushed, "
+                        "or failed over to an empty replica); creating it again from 0 in %.1fs",
+                        self.group,
+                        self.stream,
+                        delay,
+                    )
+                else:
+                    logger.warning("Redis error while reading: %s; retrying in %.1fs", exc, delay)
                 await self._sleep(delay)
 
     async def _read_pending(self) -> None:

@@ -142,8 +142,11 @@ DISPATCH_COLUMNS = (
 
 
 def replaced_dispatches(events: DataFrame) -> DataFrame:
-    """Entries a later ISSUE_ASSIGNED `replaces`: Redis lost them before anyone started them and
-    the conductor appended the dispatch again. Columns: stream, entry_id. Few rows."""
+    """Entries a later ISSUE_ASSIGNED `replaces`: Redis lost them (a failover before anyone
+    started them, or all of its data, started or not) and the conductor appended the dispatch
+    again. The lost entry was fenced off first (`superseded`): a holder's late reports on it are
+    fenced and count for nothing; the replacement carries the issue. Columns: stream,
+    entry_id. Few rows."""
     return (
         # A cheap look for the key before the JSON is parsed: few dispatches replace another.
         events.where(

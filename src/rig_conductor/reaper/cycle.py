@@ -36,7 +36,7 @@ from rig_conductor.domain import (
     PodState,
 )
 from rig_conductor.policy import liveness, reclaim, registry
-from rig_conductor.reaper import cleanup, journal, moves, observe, redispatch
+from rig_conductor.reaper import cleanup, journal, moves, observe, redis_loss, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
 
@@ -84,9 +84,7 @@ async def reap_once(
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
     topology = redis if isinstance(redis, Topology) else Topology(redis)
     with report.timing("redispatch"):
-        report.redispatched = await redispatch.redispatch_lost(
-            topology, engine=engine, settings=settings, dry_run=report.dry_run
-        )
+        await _redispatch(report, topology, engine=engine, settings=settings, metrics=metrics)
     # Fetch.
     with report.timing("read"):
         read_at = await queries.clock(engine)
@@ -152,6 +150,28 @@ async def reap_once(
     if not isinstance(redis, Topology):
         await topology.aclose()
     return report
+
+
+async def _redispatch(
+    report: ScanReport,
+    topology: Topology,
+    *,
+    engine: AsyncEngine,
+    settings: Settings,
+    metrics: Metrics | None,
+) -> None:
+    """Put back the dispatches Redis lost. A loss of all of its data first: that appends every
+    unfinished dispatch, so the per-scan check of recent ones then finds nothing missing."""
+    recovery = await redis_loss.recover(
+        topology, engine=engine, settings=settings, dry_run=report.dry_run, metrics=metrics
+    )
+    report.redis_data_lost = recovery.lost
+    report.redispatched = recovery.appended
+    if report.dry_run and recovery.lost:
+        return  # the check of recent ones would count the same dispatches again
+    report.redispatched += await redispatch.redispatch_lost(
+        topology, engine=engine, settings=settings, dry_run=report.dry_run, metrics=metrics
+    )
 
 
 class _Scan:

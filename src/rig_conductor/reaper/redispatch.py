@@ -6,13 +6,16 @@ idempotency marker). PostgreSQL recorded the dispatch, with its fields. Each sca
 dispatches of the last `WINDOW_S` that no agent has reported on; one whose marker is missing
 from Redis was lost, and is appended again through the same at-most-once script, so two
 conductors, or a client retrying at the same moment, still make one entry. A dispatch an agent
-had already started is never appended again (it could run twice); `RIG_REDIS_WAIT_REPLICAS`
-is what keeps those from being lost.
+had already started is not appended again here (it could run twice); `RIG_REDIS_WAIT_REPLICAS`
+is what keeps those from being lost. When Redis lost all of its data (restarted empty),
+`redis_loss` appends every unfinished dispatch again, started or not, and fences the lost
+entries off.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -22,14 +25,23 @@ from rig_conductor.adapters.redis_client import Topology, node_for
 from rig_conductor.domain import StreamKey
 from rig_conductor.settings import Settings
 
+if TYPE_CHECKING:
+    from rig_conductor.metrics import Metrics
+
 logger = logging.getLogger(__name__)
 
 WINDOW_S = 600.0
 LIMIT = 50_000
+REASON = "lost"
 
 
 async def redispatch_lost(
-    topology: Topology, *, engine: AsyncEngine, settings: Settings, dry_run: bool
+    topology: Topology,
+    *,
+    engine: AsyncEngine,
+    settings: Settings,
+    dry_run: bool,
+    metrics: Metrics | None = None,
 ) -> int:
     """Append again the recent dispatches Redis no longer knows; how many (would be) appended."""
     recent = await dispatches.recent_unstarted(
@@ -49,7 +61,7 @@ async def redispatch_lost(
             node.client, items=[(StreamKey(d.stream), d.key) for d in items]
         )
         for item, known in zip(items, present, strict=True):
-            if known:
+            if known is not None:
                 continue
             if dry_run:
                 logger.warning(
@@ -73,6 +85,8 @@ async def redispatch_lost(
                 engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id
             )
             count += 1
+            if metrics is not None:
+                metrics.redispatched.labels(item.stream, REASON).inc()
             logger.warning(
                 "Dispatch %s was missing from %s (entry %s, lost with a failover or a restart "
                 "of Redis); appended again as %s",

@@ -1,14 +1,18 @@
-"""Dispatches a Redis failover may have lost: recent ones no agent has reported on, and the
-record of appending one again. Decides nothing: `reaper.redispatch` does."""
+"""Dispatches Redis may have lost: recent ones no agent has reported on, every unfinished one
+after Redis lost its data, the epochs that tell such a loss, fencing off a lost entry, and the
+record of appending a dispatch again. Decides nothing: `reaper.redispatch` and
+`reaper.redis_loss` do."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import text
+from sqlalchemy import select, text
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import dispatches, events
+from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +56,12 @@ async def recent_unstarted(
 
 async def reappended(
     engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch, entry_id: str
-) -> None:
+) -> bool:
     """The dispatch now lives at `entry_id`: the row follows, and the event log says why (the
-    audit counts the old entry as replaced, not lost)."""
+    audit counts the old entry as replaced, not lost). False when the row had followed
+    already (another conductor got there first): then nothing is written."""
     async with engine.begin() as conn:
-        await conn.execute(
+        moved = await conn.execute(
             dispatches.update()
             .where(
                 dispatches.c.tenant == tenant,
@@ -64,7 +69,10 @@ async def reappended(
                 dispatches.c.entry_id == dispatch.entry_id,
             )
             .values(entry_id=entry_id)
+            .returning(dispatches.c.entry_id)
         )
+        if moved.first() is None:
+            return False
         await conn.execute(
             events.insert().values(
                 tenant=tenant,
@@ -76,3 +84,150 @@ async def reappended(
                 detail={"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
             )
         )
+    return True
+
+
+async def remembered_epochs(engine: AsyncEngine, *, tenant: str) -> dict[str, str]:
+    """stream -> the Redis epoch marker last recorded beside it."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            select(redis_epochs.c.stream, redis_epochs.c.epoch).where(
+                redis_epochs.c.tenant == tenant
+            )
+        )
+        return {stream: epoch for stream, epoch in rows}
+
+
+async def remember_epoch(engine: AsyncEngine, *, tenant: str, stream: str, epoch: str) -> None:
+    statement = insert(redis_epochs).values(tenant=tenant, stream=stream, epoch=epoch)
+    async with engine.begin() as conn:
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["tenant", "stream"],
+                set_={"epoch": epoch, "recorded_at": statement.excluded.recorded_at},
+            )
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Unfinished:
+    """A dispatch whose entry is neither done nor dead-lettered. One recorded before migration
+    0006 kept the fields has none (`appendable` False): it cannot be appended again."""
+
+    dispatch: RecentDispatch
+    created_at: datetime
+    appendable: bool
+
+
+# The dispatches of one stream within the window whose current entry is neither done nor
+# dead-lettered, started or not, in keyset pages: (created_at, key) never changes when a row
+# follows a new entry, so a page boundary holds while the rows are rewritten.
+_UNFINISHED = text(
+    """
+    SELECT d.idempotency_key, d.entry_id, d.issue_id, d.agent_id, d.fields, d.created_at
+      FROM dispatches d
+      LEFT JOIN assignments a
+        ON a.tenant = d.tenant AND a.stream = d.stream AND a.entry_id = d.entry_id
+     WHERE d.tenant = :tenant AND d.stream = :stream
+       AND d.created_at > now() - make_interval(secs => :window_s)
+       AND (a.state IS NULL OR a.state NOT IN ('done', 'dead'))
+       AND (CAST(:after_at AS timestamptz) IS NULL
+            OR (d.created_at, d.idempotency_key) > (CAST(:after_at AS timestamptz), :after_key))
+     ORDER BY d.created_at, d.idempotency_key
+     LIMIT :limit
+    """
+)
+
+
+async def unfinished(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    stream: str,
+    window_s: float,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[Unfinished]:
+    """One page of the stream's unfinished dispatches, oldest first, after `after` (the last
+    page's (created_at, key))."""
+    params = {
+        "tenant": tenant,
+        "stream": stream,
+        "window_s": window_s,
+        "after_at": after[0] if after else None,
+        "after_key": after[1] if after else "",
+        "limit": limit,
+    }
+    async with engine.connect() as conn:
+        rows = await conn.execute(_UNFINISHED, params)
+        return [
+            Unfinished(
+                RecentDispatch(
+                    key,
+                    stream,
+                    entry_id,
+                    issue_id,
+                    agent_id,
+                    dict(fields) if isinstance(fields, dict) else {},
+                ),
+                created_at,
+                isinstance(fields, dict),
+            )
+            for key, entry_id, issue_id, agent_id, fields, created_at in rows
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A lost entry fenced off: who was on it before (None: nobody had reported on it)."""
+
+    state: str | None
+    consumer: str | None
+
+
+# Fence a lost entry off for good: state `superseded` with its attempt moved on, so every
+# report of an attempt on it (a holder that had it in hand when Redis lost it) is fenced, and
+# no start takes it again. An entry nobody reported on gets the row, so a start that raced
+# with the loss is fenced too. A done or dead entry is left as it is.
+_SUPERSEDE = text(
+    """
+    WITH prior AS (
+        SELECT state, consumer FROM assignments
+         WHERE tenant = :tenant AND stream = :stream AND entry_id = :entry_id
+    ), fenced AS (
+        INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, attempt)
+        VALUES (:tenant, :stream, :entry_id, :issue_id, 'superseded', 1)
+        ON CONFLICT (tenant, stream, entry_id) DO UPDATE
+           SET state = 'superseded', attempt = a.attempt + 1, updated_at = now()
+         WHERE a.state NOT IN ('done', 'dead', 'superseded')
+        RETURNING attempt
+    )
+    SELECT (SELECT state FROM prior), (SELECT consumer FROM prior),
+           EXISTS (SELECT 1 FROM fenced)
+    """
+)
+
+
+async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch) -> Fence | None:
+    """Fence the dispatch's recorded entry off before it is appended again. None when the entry
+    was finished meanwhile (a holder completed it): then it must not be appended."""
+    params = {
+        "tenant": tenant,
+        "stream": dispatch.stream,
+        "entry_id": dispatch.entry_id,
+        "issue_id": dispatch.issue_id,
+    }
+    async with engine.begin() as conn:
+        state, consumer, fenced = (await conn.execute(_SUPERSEDE, params)).one()
+        if fenced:
+            return Fence(state, consumer)
+        # Left as it was: superseded already (a conductor that died before appending), or
+        # finished. The row as it is now decides, not the statement's snapshot.
+        now = await conn.scalar(
+            select(assignments.c.state).where(
+                assignments.c.tenant == tenant,
+                assignments.c.stream == dispatch.stream,
+                assignments.c.entry_id == dispatch.entry_id,
+            )
+        )
+    return Fence(state, consumer) if now == "superseded" else None

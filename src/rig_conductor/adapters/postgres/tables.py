@@ -118,9 +118,23 @@ assignments = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # The current attempt's last sign of progress (reaper rule 4b).
     Column("progress_at", DateTime(timezone=True)),
+    # `superseded` (migration 0012): Redis lost the entry and its dispatch was appended again
+    # as a new entry; nothing reported on the lost one counts any more.
     CheckConstraint(
-        "state IN ('pending', 'running', 'done', 'failed', 'dead')", name="ck_assignments_state"
+        "state IN ('pending', 'running', 'done', 'failed', 'dead', 'superseded')",
+        name="ck_assignments_state",
     ),
+)
+
+# Per dispatch stream, the epoch marker last seen beside it in Redis (migration 0012). A scan
+# that finds Redis's marker gone, or another, knows Redis lost its data since (`reaper.redis_loss`).
+redis_epochs = Table(
+    "redis_epochs",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("epoch", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 # Agent pods a conductor of the tenant has listed: what a new leader knows was once there.

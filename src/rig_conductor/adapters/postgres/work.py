@@ -101,7 +101,7 @@ _START = text(
            state = 'running', consumer = EXCLUDED.consumer,
            issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now(),
            progress_at = now()
-     WHERE a.state NOT IN ('done', 'dead')
+     WHERE a.state NOT IN ('done', 'dead', 'superseded')
        AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
     RETURNING attempt, state
     """
@@ -115,7 +115,7 @@ _FINISH = text(
        SET state = :state, issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now()
      WHERE a.tenant = :tenant AND a.stream = :stream AND a.entry_id = :entry_id
        AND a.attempt = :claimed AND a.consumer = :consumer
-       AND a.state <> 'dead' AND (a.state <> 'done' OR :state = 'done')
+       AND a.state NOT IN ('dead', 'superseded') AND (a.state <> 'done' OR :state = 'done')
     RETURNING attempt, state
     """
 )
@@ -126,7 +126,7 @@ _PROGRESS = text(
     UPDATE assignments AS a SET progress_at = now(), updated_at = now()
      WHERE a.tenant = :tenant AND a.stream = :stream AND a.entry_id = :entry_id
        AND a.attempt = :claimed AND a.consumer = :consumer
-       AND a.state NOT IN ('done', 'dead')
+       AND a.state NOT IN ('done', 'dead', 'superseded')
     RETURNING attempt, state
     """
 )
@@ -138,8 +138,10 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
     WORK_STARTED takes a new attempt (the caller has checked that the consumer holds the
     entry). Any report carrying an attempt older than the current one is fenced: the row is left
     as it is and the event is logged with `fenced = true`, as the audit's evidence of duplicate
-    work. A finished (done or dead) entry is not started again. A progress or finishing report
-    from a consumer that does not own the attempt it names is refused: nothing is written.
+    work. A finished (done or dead) entry is not started again, nor is a superseded one (Redis
+    lost it and its dispatch lives on as a new entry): every later report on it is fenced. A
+    progress or finishing report from a consumer that does not own the attempt it names is
+    refused: nothing is written.
     """
     params = {
         "tenant": tenant,
@@ -227,7 +229,7 @@ _WORK_EVIDENCE = text(
     SELECT stream, entry_id, attempt, progress_at > now() - make_interval(secs => :deadline_s)
       FROM assignments
      WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
-       AND state NOT IN ('done', 'dead')
+       AND state NOT IN ('done', 'dead', 'superseded')
        AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
     """
 )
@@ -285,7 +287,7 @@ async def reclaimed(
                updated_at = now(), progress_at = now()
          WHERE tenant = :tenant AND stream = :stream
            AND entry_id = ANY(string_to_array(:ids, ','))
-           AND state NOT IN ('done', 'dead')
+           AND state NOT IN ('done', 'dead', 'superseded')
         """
     )
     async with engine.begin() as conn:

@@ -216,11 +216,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             outcome.state,
         )
         fenced = schemas.Fenced(
-            detail="fenced: a newer attempt owns this entry"
-            if outcome.state not in ("done", "dead")
-            else f"fenced: the entry is already {outcome.state}",
-            attempt=outcome.attempt,
-            state=outcome.state,
+            detail=_fenced_detail(outcome.state), attempt=outcome.attempt, state=outcome.state
         )
         return JSONResponse(fenced.model_dump(by_alias=True), status_code=409)
     if event.type == "WORK_STARTED":
@@ -231,6 +227,17 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         accepted=outcome.accepted, attempt=outcome.attempt, state=outcome.state
     )
     return JSONResponse(result.model_dump(by_alias=True), status_code=202)
+
+
+def _fenced_detail(state: str) -> str:
+    if state == "superseded":
+        return (
+            "fenced: Redis lost this entry and its dispatch was appended again as a new entry; "
+            "that one counts"
+        )
+    if state in ("done", "dead"):
+        return f"fenced: the entry is already {state}"
+    return "fenced: a newer attempt owns this entry"
 
 
 def _refused(event: schemas.WorkEvent, why: str, outcome: work.WorkOutcome) -> JSONResponse:
