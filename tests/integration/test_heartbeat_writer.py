@@ -15,7 +15,7 @@ from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
-from .helpers import wait_for
+from .helpers import heartbeats_stored, wait_for
 
 
 def beat(agent: str, n: int = 0) -> queries.HeartbeatIn:
@@ -50,7 +50,7 @@ async def writer(
 
 
 async def heartbeat_rows(engine: AsyncEngine) -> int:
-    return await queries.count_events(engine, tenant="default", kind="HEARTBEAT")
+    return await heartbeats_stored(engine)
 
 
 async def test_concurrent_heartbeats_commit_together(

@@ -48,6 +48,7 @@ class HeartbeatWriter:
         tenant: str,
         replica: str = "",
         slack_ms: int = 5_000,
+        break_ms: int = queries.DEFAULT_BREAK_MS,
         on_commit: OnCommit | None = None,
         on_spell_end: OnSpellEnd | None = None,
     ) -> None:
@@ -55,6 +56,7 @@ class HeartbeatWriter:
         self._tenant = tenant
         self._replica = replica
         self._slack_ms = slack_ms
+        self._break_ms = break_ms
         self._on_commit = on_commit
         self._on_spell_end = on_spell_end
         self._mark_due = True
@@ -121,7 +123,7 @@ class HeartbeatWriter:
             if self._conn is None or self._conn.closed:
                 self._conn = await queries.connect_direct(self._url)
             received_at = await queries.record_heartbeats_on(
-                self._conn, tenant=self._tenant, heartbeats=heartbeats
+                self._conn, tenant=self._tenant, heartbeats=heartbeats, break_ms=self._break_ms
             )
         except Exception as exc:  # every waiter gets the failure; the writer carries on
             self._failed = True
