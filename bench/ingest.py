@@ -77,15 +77,43 @@ def wrk(url: str, script: Path, connections: int, seconds: float) -> Load:
     return Load(r["requests"], r["us"] / 1e6, r["non2xx"], r["errors"], r["p99"] / 1e3)
 
 
+# Every table a heartbeat may write to, and the goal for row versions written per heartbeat.
+HEARTBEAT_TABLES = ("events", "agent_heartbeats", "consumer_heartbeats", "liveness")
+GOAL_ROWS_PER_BEAT = 2.0
+
+
 class EventLog:
-    """HEARTBEAT rows in the event log, on one autocommit connection."""
+    """The heartbeats the database accounts for, on one autocommit connection: the beats of the
+    agents' liveness intervals, open and ended (each heartbeat counts for its agent)."""
 
     def __init__(self, database_url: str) -> None:
         self.conn = psycopg.connect(harness.conninfo(database_url), autocommit=True)
 
     def rows(self) -> int:
-        row = self.conn.execute("SELECT count(*) FROM events WHERE kind = 'HEARTBEAT'").fetchone()
+        row = self.conn.execute(
+            "SELECT (SELECT COALESCE(sum(beats), 0) FROM agent_heartbeats)"
+            " + (SELECT COALESCE(sum(beats), 0) FROM liveness WHERE consumer IS NULL)"
+        ).fetchone()
         return int(row[0]) if row else 0
+
+    def written(self) -> int:
+        """Row versions inserted or updated in the heartbeat tables so far (statistics), once
+        they have stopped changing: a backend flushes its counts within about 10 s."""
+        query = (
+            "SELECT COALESCE(sum(n_tup_ins + n_tup_upd), 0) FROM pg_stat_user_tables "
+            "WHERE relname = ANY(%s)"
+        )
+
+        def read() -> int:
+            row = self.conn.execute(query, (list(HEARTBEAT_TABLES),)).fetchone()
+            return int(row[0]) if row else 0
+
+        last, since, deadline = read(), time.monotonic(), time.monotonic() + 30
+        while time.monotonic() < deadline and time.monotonic() - since < 12:
+            time.sleep(0.5)
+            if (now := read()) != last:
+                last, since = now, time.monotonic()
+        return last
 
     def settled(self) -> int:
         """The row count once it has not grown for 0.5 s (requests in flight get committed)."""
@@ -98,7 +126,7 @@ class EventLog:
 
     def truncate(self) -> None:
         self.settled()  # the previous run's last heartbeats land before the TRUNCATE
-        self.conn.execute("TRUNCATE events, agent_heartbeats, consumer_heartbeats")
+        self.conn.execute("TRUNCATE events, agent_heartbeats, consumer_heartbeats, liveness")
 
     def durability(self, load: Load, connections: int) -> list[str]:
         """Each 202 committed before it was sent: rows when wrk exits >= completed responses;
@@ -148,9 +176,16 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
             p99s.append(conductor.p99_ms)
             p99 = f"{noop.p99_ms:.1f} / {conductor.p99_ms:.1f}"
             print(f"{n + 1:<7}{noop.rps:>13,.0f}{conductor.rps:>17,.0f}{ratios[-1]:>7.2f}{p99:>15}")
+        # Durable storage per heartbeat: one more conductor run, between two settled readings of
+        # the row versions written.
+        log.truncate()
+        before = log.written()
+        wrk(urls["conductor"], script, args.connections, args.duration)
+        per_beat = (log.written() - before) / max(log.settled(), 1)
     ratio, worst = harness.median(ratios), max(p99s)
     harness.goal("conductor / no-op, median of the rounds", ratio, ">=", GOAL_RATIO)
     harness.goal("conductor p99, worst round", worst, "<=", GOAL_P99_MS, " ms")
+    harness.goal("rows written per heartbeat", per_beat, "<=", GOAL_ROWS_PER_BEAT)
     for problem in problems:
         print(f"  not durable: {problem}")
     if problems:

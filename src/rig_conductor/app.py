@@ -56,6 +56,7 @@ def create_app(
             tenant=settings.tenant,
             replica=leader.replica_identity(),
             slack_ms=settings.limits.listen_slack_ms,
+            break_ms=settings.agent_down_ms,
             on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
             on_spell_end=lambda spell: metrics.blind_spells.inc(
                 (spell.end - spell.start).total_seconds()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 from redis.asyncio import Redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 
 async def fill(redis: Redis, stream: str, group: str, n: int, *, start: int = 1) -> list[str]:
@@ -152,3 +154,18 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+async def heartbeats_stored(engine: AsyncEngine, tenant: str = "default") -> int:
+    """Heartbeats the database accounts for: the beats of every agent's open liveness interval
+    and of its ended ones (every heartbeat counts for its agent, named consumer or not)."""
+    async with engine.connect() as conn:
+        stored = await conn.execute(
+            text(
+                "SELECT (SELECT COALESCE(sum(beats), 0) FROM agent_heartbeats WHERE tenant = :t)"
+                " + (SELECT COALESCE(sum(beats), 0) FROM liveness"
+                "    WHERE tenant = :t AND consumer IS NULL)"
+            ),
+            {"t": tenant},
+        )
+        return int(stored.scalar_one())

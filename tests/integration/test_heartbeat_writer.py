@@ -15,6 +15,8 @@ from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
+from .helpers import heartbeats_stored
+
 
 def beat(agent: str, n: int = 0) -> queries.HeartbeatIn:
     return queries.HeartbeatIn(AgentId(agent), ConsumerName(f"{agent}-{n}"))
@@ -48,7 +50,7 @@ async def writer(
 
 
 async def heartbeat_rows(engine: AsyncEngine) -> int:
-    return await queries.count_events(engine, tenant="default", kind="HEARTBEAT")
+    return await heartbeats_stored(engine)
 
 
 async def test_concurrent_heartbeats_commit_together(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -11,6 +12,8 @@ from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import migrations, queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
+
+from .helpers import heartbeats_stored
 
 HB = queries.HeartbeatIn
 
@@ -38,7 +41,9 @@ async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEng
     )
     assert agents["dev-e"].consumers == ("dev-e-0", "dev-e-1")
     assert agents["qa-e"].last_heartbeat_at == first and agents["qa-e"].consumers == ()
-    assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 3
+    assert await heartbeats_stored(engine) == 3
+    # No heartbeat went to the event log, and no interval ended: nothing but the two rows.
+    assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 0
 
 
 async def test_tenants_are_separate(engine: AsyncEngine) -> None:
@@ -116,3 +121,66 @@ async def test_the_schema_check_names_a_database_behind(engine: AsyncEngine) -> 
         f"Database schema is at revision 0001, this release needs {pg_engine.SCHEMA_HEAD}: "
         "run `rig-conductor migrate`"
     )
+
+
+async def intervals(engine: AsyncEngine) -> list[tuple[str, str | None, bool, int]]:
+    """The ended liveness intervals: (agent, consumer, degraded, beats), oldest first."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT agent_id, consumer, degraded, beats FROM liveness ORDER BY id")
+        )
+        return [(a, c, d, int(n)) for a, c, d, n in rows]
+
+
+async def test_heartbeats_extend_an_interval_until_a_gap_or_a_change(engine: AsyncEngine) -> None:
+    """Durable storage grows with changes: beats extend the open interval; a gap longer than
+    the break, or another `degraded`, ends it as one `liveness` row."""
+    beat = [HB(AgentId("dev-e"), ConsumerName("dev-e-0"))]
+    for _ in range(5):
+        await queries.record_heartbeats(engine, tenant="default", heartbeats=beat)
+    assert await intervals(engine) == []
+    async with engine.connect() as conn:
+        open_beats = (
+            (
+                await conn.execute(
+                    text(
+                        "SELECT beats FROM agent_heartbeats UNION ALL "
+                        "SELECT beats FROM consumer_heartbeats"
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert open_beats == [5, 5]
+
+    # `degraded` changes: the healthy interval of the agent and of the consumer ends.
+    degraded = [HB(AgentId("dev-e"), ConsumerName("dev-e-0"), True, ("quota",))]
+    await queries.record_heartbeats(engine, tenant="default", heartbeats=degraded)
+    assert sorted(await intervals(engine), key=str) == sorted(
+        [("dev-e", None, False, 5), ("dev-e", "dev-e-0", False, 5)], key=str
+    )
+
+    # A gap longer than the break ends the degraded one.
+    async with engine.begin() as conn:
+        for table in ("agent_heartbeats", "consumer_heartbeats"):
+            await conn.execute(
+                text(f"UPDATE {table} SET last_heartbeat_at = now() - interval '2 minutes'")
+            )
+    await queries.record_heartbeats(engine, tenant="default", heartbeats=degraded, break_ms=60_000)
+    ended = await intervals(engine)
+    assert sorted(ended[2:], key=str) == sorted(
+        [("dev-e", None, True, 1), ("dev-e", "dev-e-0", True, 1)], key=str
+    )
+    assert await heartbeats_stored(engine) == 7
+
+    # Forgetting the agent keeps what it was heard: its open interval ends too.
+    await queries.forget_silent(
+        engine,
+        tenant="default",
+        before=datetime.now(UTC) + timedelta(hours=1),
+        keep_agents=(),
+        keep_consumers=(),
+    )
+    assert len(await intervals(engine)) == 6
+    assert await heartbeats_stored(engine) == 7

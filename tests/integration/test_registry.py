@@ -20,7 +20,7 @@ from rig_conductor.metrics import Metrics
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.settings import Settings
 
-from .helpers import fill, read
+from .helpers import fill, heartbeats_stored, read
 
 S, G = "rig:dispatch", "workers"
 TOKEN = "registry-test-token"
@@ -75,10 +75,7 @@ async def rows(engine: AsyncEngine) -> tuple[set[str], set[str], int]:
         consumers = set(
             (await conn.execute(text("SELECT consumer FROM consumer_heartbeats"))).scalars()
         )
-        logged = (
-            await conn.execute(text("SELECT count(*) FROM events WHERE kind = 'HEARTBEAT'"))
-        ).scalar_one()
-    return agents, consumers, logged
+    return agents, consumers, await heartbeats_stored(engine)
 
 
 async def test_real_scans_forget_the_silent_and_keep_what_still_judges(

@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import AgentId
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader
 from rig_conductor.reaper.schedule import ReaperService
@@ -162,12 +161,12 @@ async def test_stop_lets_a_scheduled_scan_finish(
 
 
 async def test_retention_deletes_old_events_in_batches(engine: AsyncEngine) -> None:
-    beats = [queries.HeartbeatIn(AgentId("dev-e"))] * 25
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=beats)
+    reports = [queries.EventRow("WORK_PROGRESS", agent_id="dev-e")] * 25
+    await queries.append_events(engine, tenant="default", rows=reports)
     async with engine.begin() as conn:
         await conn.execute(
             text("UPDATE events SET occurred_at = now() - interval '40 days' WHERE id <= 23")
         )
     deleted = await queries.delete_old_events(engine, older_than_days=30, batch=5)
     assert deleted == 23
-    assert await queries.count_events(engine, tenant="default", kind="HEARTBEAT") == 2
+    assert await queries.count_events(engine, tenant="default", kind="WORK_PROGRESS") == 2

@@ -609,6 +609,46 @@ def test_gaps_longer_than_the_threshold_count_as_down_time(spark: SparkSession) 
     assert periods[0]["down_from"].astimezone(UTC) == T0 + timedelta(minutes=5)
 
 
+def test_liveness_intervals_give_the_same_availability_as_their_beats(
+    spark: SparkSession,
+) -> None:
+    """The same heartbeats, once as HEARTBEAT events and once as the liveness intervals the
+    conductor keeps now (a gap longer than the break ends one); a legacy beat before the
+    intervals and an interval still open at the window's end take part too."""
+    window_end = T0 + timedelta(minutes=40)
+    as_events = beats(Log(), "flaky", [0, 5, 25, 30]).frame(spark)
+
+    def stretch(start: float, end: float, n: int) -> tuple[str, datetime, datetime, int]:
+        return ("flaky", T0 + timedelta(minutes=start), T0 + timedelta(minutes=end), n)
+
+    intervals = spark.createDataFrame([stretch(5, 5, 1), stretch(25, 30, 2)], rc.INTERVALS_SCHEMA)
+    legacy = beats(Log(), "flaky", [0]).frame(spark)
+    expected = timelines.availability(
+        timelines.heartbeat_gaps(as_events, window_end=window_end), down_ms=10 * MINUTE
+    ).collect()
+    found = timelines.availability(
+        timelines.heartbeat_gaps(legacy, intervals, window_end=window_end), down_ms=10 * MINUTE
+    ).collect()
+    assert found == expected
+    assert found[0]["heartbeats"] == 4 and found[0]["down_periods"] == 1
+
+    # Overlapping intervals (two replicas ended the same stretch) leave no gap and no double
+    # time; an interval that runs past the window's end is cut there.
+    overlapping = spark.createDataFrame(
+        [stretch(0, 20, 5), stretch(10, 20, 5), stretch(35, 60, 3)], rc.INTERVALS_SCHEMA
+    )
+    empty = Log().frame(spark)
+    (row,) = timelines.availability(
+        timelines.heartbeat_gaps(empty, overlapping, window_end=window_end), down_ms=10 * MINUTE
+    ).collect()
+    assert (row["observed_ms"], row["down_ms"], row["down_periods"]) == (
+        40 * MINUTE,
+        15 * MINUTE,
+        1,
+    )
+    assert row["down_at_end"] is False
+
+
 # ------------------------------------------------------------------ per-stream and over time
 
 

@@ -41,6 +41,8 @@ class Loaded:
     """The window's events, read once, with what the read found."""
 
     events: DataFrame
+    # The agents' liveness intervals in the window (small: one row per unbroken stretch).
+    intervals: DataFrame
     bounds: EventBounds
     rows: int
     partitions: int
@@ -152,6 +154,7 @@ def run(
                 spark,
                 loaded.events,
                 snapshot,
+                intervals=loaded.intervals,
                 window_end=window_end,
                 down_ms=settings.agent_down_ms,
                 span_ms=max((window_end - first).total_seconds() * 1000, 0.0),
@@ -223,8 +226,18 @@ def load_events(
     logger.info(
         "Read %d events (ids %s to %s) in %d JDBC partitions", rows, bounds.low, bounds.high, count
     )
+    intervals = sources.read_intervals(
+        spark, source, tenant=tenant, since=since, until=until
+    ).persist()
+    cached.append(intervals)
     return Loaded(
-        events=events, bounds=bounds, rows=rows, partitions=count, cached=cached, staged=staging
+        events=events,
+        intervals=intervals,
+        bounds=bounds,
+        rows=rows,
+        partitions=count,
+        cached=cached,
+        staged=staging,
     )
 
 
@@ -273,6 +286,7 @@ def reconcile_all(
     events: DataFrame,
     snapshot: RedisSnapshot,
     *,
+    intervals: DataFrame | None = None,
     window_end: datetime,
     down_ms: int,
     span_ms: float,
@@ -329,7 +343,9 @@ def reconcile_all(
             lambda: table(timelines.reclaims(events), "reclaims", one_file=False)
         )
         gaps = pool.submit(
-            lambda: staged(timelines.heartbeat_gaps(events, window_end=window_end), "gaps")
+            lambda: staged(
+                timelines.heartbeat_gaps(events, intervals, window_end=window_end), "gaps"
+            )
         )
         lost = pool.submit(lambda: table(tallies.lost(status), "lost"))
         rate = pool.submit(lambda: table(tallies.dead_letter_rate(status), "dead_letter_rate"))

@@ -68,6 +68,17 @@ EVENTS_SCHEMA = StructType(
     ]
 )
 
+# An agent heard without a break (the liveness intervals, migration 0013): `beats` heartbeats
+# from `heard_from` to `heard_to`, no gap between two of them longer than RIG_AGENT_DOWN_MS.
+INTERVALS_SCHEMA = StructType(
+    [
+        StructField("agent_id", StringType(), False),
+        StructField("heard_from", TimestampType(), False),
+        StructField("heard_to", TimestampType(), False),
+        StructField("beats", LongType(), False),
+    ]
+)
+
 # What Redis held when it was read: entries in a group's pending list (`pel`, with the owning
 # consumer) or still in the stream above a group's last-delivered id (`undelivered`).
 PENDING_SCHEMA = StructType(

@@ -226,6 +226,52 @@ def read_events(
     )
 
 
+def intervals_query(*, tenant: str, since: datetime | None, until: datetime | None) -> str:
+    """The subquery of the agents' liveness intervals that touch the window: the ended ones
+    (`liveness`, agent rows) and the open one of each agent (`agent_heartbeats`)."""
+    ended = [f"tenant = {sql_literal(tenant)}", "consumer IS NULL"]
+    current = [f"tenant = {sql_literal(tenant)}", "beats > 0"]
+    if since is not None:
+        ended.append(f"heard_to >= {_timestamp(since)}")
+        current.append(f"last_heartbeat_at >= {_timestamp(since)}")
+    if until is not None:
+        ended.append(f"heard_from < {_timestamp(until)}")
+        current.append(f"COALESCE(heard_since, last_heartbeat_at) < {_timestamp(until)}")
+    return (
+        "(SELECT agent_id, heard_from, heard_to, beats FROM liveness "
+        f"WHERE {' AND '.join(ended)} "
+        "UNION ALL SELECT agent_id, COALESCE(heard_since, last_heartbeat_at) AS heard_from, "
+        "last_heartbeat_at AS heard_to, beats FROM agent_heartbeats "
+        f"WHERE {' AND '.join(current)}) AS audit_intervals"
+    )
+
+
+def read_intervals(
+    spark: SparkSession,
+    source: JdbcSource,
+    *,
+    tenant: str,
+    since: datetime | None,
+    until: datetime | None,
+) -> DataFrame:
+    """The agents' liveness intervals in the window, as `reconcile.INTERVALS_SCHEMA`: one row
+    per agent and unbroken stretch of heartbeats, so a small read whatever the fleet's rate."""
+    from pyspark.sql import functions as F
+
+    from rig_conductor.audit import reconcile
+
+    raw = (
+        spark.read.format("jdbc")
+        .options(**source.options())
+        .option("dbtable", intervals_query(tenant=tenant, since=since, until=until))
+        .option("fetchsize", str(FETCH_SIZE))
+        .load()
+    )
+    return raw.select(
+        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in reconcile.INTERVALS_SCHEMA.fields)
+    )
+
+
 @dataclass
 class RedisSnapshot:
     """Pending entries and dead letters of the dispatched streams, as Redis held them."""

@@ -104,21 +104,46 @@ def latency_histogram(reclaimed: DataFrame, bins: int = 40) -> DataFrame:
     )
 
 
-def heartbeat_gaps(events: DataFrame, *, window_end: datetime) -> DataFrame:
-    """Per agent, the gap after each heartbeat: to the next one, or to `window_end` for the last.
+def heartbeat_gaps(
+    events: DataFrame, intervals: DataFrame | None = None, *, window_end: datetime
+) -> DataFrame:
+    """Per agent, the time it was not heard: after each stretch of heartbeats, to the start of
+    the next stretch, or to `window_end` after the last.
 
-    Columns: agent_id, gap_start, gap_end, gap_ms, open_ended (the gap after the newest beat).
+    A stretch is a liveness interval (`intervals`: agent_id, heard_from, heard_to, beats; no
+    gap inside one is longer than RIG_AGENT_DOWN_MS) or, for heartbeats logged as events (before
+    the intervals), one HEARTBEAT. Overlapping stretches leave no gap.
+
+    Columns: agent_id, heard_from (the stretch's start), beats (in the stretch), gap_start (the
+    last heartbeat before the gap), gap_end, gap_ms, open_ended (the gap after the newest beat).
     """
     end = F.lit(window_end).cast(TimestampType())
-    beats = events.where(
+    points = events.where(
         (F.col("kind") == HEARTBEAT) & F.col("agent_id").isNotNull() & (F.col("occurred_at") <= end)
-    )
-    following = F.lead("occurred_at").over(
-        Window.partitionBy("agent_id").orderBy("occurred_at", "id")
-    )
-    return beats.select(
+    ).select(
         "agent_id",
-        F.col("occurred_at").alias("gap_start"),
+        F.col("occurred_at").alias("heard_from"),
+        F.col("occurred_at").alias("heard_to"),
+        F.lit(1).cast("long").alias("beats"),
+    )
+    stretches = points
+    if intervals is not None:
+        stretches = points.unionByName(
+            intervals.where(F.col("heard_from") <= end).select(
+                "agent_id",
+                "heard_from",
+                F.least(F.col("heard_to"), end).alias("heard_to"),
+                F.col("beats").cast("long").alias("beats"),
+            )
+        )
+    order = Window.partitionBy("agent_id").orderBy("heard_from", "heard_to")
+    reach = F.max("heard_to").over(order.rowsBetween(Window.unboundedPreceding, 0))
+    following = F.lead("heard_from").over(order)
+    return stretches.select(
+        "agent_id",
+        "heard_from",
+        "beats",
+        reach.alias("gap_start"),
         F.coalesce(following, end).alias("gap_end"),
         following.isNull().alias("open_ended"),
     ).withColumn(
@@ -138,10 +163,12 @@ def availability(gaps: DataFrame, *, down_ms: int) -> DataFrame:
     return (
         gaps.groupBy("agent_id")
         .agg(
-            F.min("gap_start").alias("first_heartbeat"),
+            F.min("heard_from").alias("first_heartbeat"),
             F.max("gap_start").alias("last_heartbeat"),
-            F.count(F.lit(1)).alias("heartbeats"),
-            F.sum("gap_ms").alias("observed_ms"),
+            F.sum("beats").alias("heartbeats"),
+            F.greatest(millis_between(F.max("gap_end"), F.min("heard_from")), F.lit(0.0)).alias(
+                "observed_ms"
+            ),
             F.sum(F.when(down, F.col("gap_ms")).otherwise(F.lit(0.0))).alias("down_ms"),
             F.sum(
                 F.when(down, F.col("gap_ms") - F.lit(float(down_ms))).otherwise(F.lit(0.0))

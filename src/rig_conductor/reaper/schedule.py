@@ -244,6 +244,7 @@ class ReaperService:
             days = self._settings.event_retention_days
             deleted = await queries.delete_old_events(self._engine, older_than_days=days)
             await pods_seen.forget_older_than(self._engine, days=days)
+            await queries.delete_old_intervals(self._engine, older_than_days=days)
             await listening.forget_older_than(self._engine, days=days)
             await move_targets.forget_older_than(self._engine, days=1)
             await history.forget_scans(self._engine, older_than_days=days)

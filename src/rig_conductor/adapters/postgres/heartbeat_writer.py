@@ -51,6 +51,7 @@ class HeartbeatWriter:
         tenant: str,
         replica: str = "",
         slack_ms: int = 5_000,
+        break_ms: int = queries.DEFAULT_BREAK_MS,
         on_commit: OnCommit | None = None,
         on_spell_end: OnSpellEnd | None = None,
     ) -> None:
@@ -58,6 +59,7 @@ class HeartbeatWriter:
         self._tenant = tenant
         self._replica = replica
         self._slack_ms = slack_ms
+        self._break_ms = break_ms
         self._on_commit = on_commit
         self._on_spell_end = on_spell_end
         self._mark_due = True
@@ -129,7 +131,7 @@ class HeartbeatWriter:
                     raise
                 # A stale connection. Writing the batch twice is harmless should the first
                 # write have committed after all: the rows keep the latest state, and the
-                # event log gains a duplicate heartbeat.
+                # open liveness interval counts those beats twice.
                 await self._drop_connection()
                 received_at = await self._record(heartbeats)
         except Exception as exc:  # every waiter gets the failure; the writer carries on
@@ -187,7 +189,7 @@ class HeartbeatWriter:
         if self._conn is None or self._conn.closed:
             self._conn = await queries.connect_direct(self._url)
         return await queries.record_heartbeats_on(
-            self._conn, tenant=self._tenant, heartbeats=heartbeats
+            self._conn, tenant=self._tenant, heartbeats=heartbeats, break_ms=self._break_ms
         )
 
     async def _drop_connection(self) -> None:

@@ -54,26 +54,26 @@ class AgentRow:
     consumers: tuple[ConsumerName, ...] = field(default=())
 
 
-# A batch of heartbeats in one statement, so a batch costs one round trip: every heartbeat into
-# the event log, and the latest state per agent and per consumer upserted (the last heartbeat of
-# a key in the batch wins; keys are locked in order, so concurrent batches cannot deadlock).
+# A batch of heartbeats in one statement, so a batch costs one round trip: the latest state per
+# agent and per consumer upserted (the last heartbeat of a key in the batch wins; keys are
+# locked in order, so concurrent batches cannot deadlock), and the liveness intervals kept.
 # `degraded_since` follows the degraded run (rule 3b): it keeps its start while every heartbeat
 # since was degraded, restarts at now() when the run broke (also within this batch), and is
 # NULL when the latest heartbeat is healthy. An agent's run counts only heartbeats that name no
 # consumer: a consumer's own heartbeats decide for that consumer alone.
+# Each row also holds its open liveness interval (`heard_since`, `beats`). A heartbeat after a
+# gap longer than %(break)s, or with another `degraded` than the row's, ends it: the interval
+# is appended to `liveness` (read before the upsert, in the statement's snapshot) and a new one
+# starts now. Nothing else is appended: durable storage grows with changes, not with beats.
 # Constant text whatever the batch size: one statement, one round trip.
 _HEARTBEATS_SQL = """
 WITH batch AS (
     SELECT item->>0 AS agent_id, item->>1 AS consumer, (item->>2)::boolean AS degraded,
            item->3 AS reasons, ord
       FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS b(item, ord)
-), logged AS (
-    INSERT INTO events (tenant, occurred_at, kind, agent_id, consumer, detail)
-    SELECT %(tenant)s, now(), 'HEARTBEAT', agent_id, consumer,
-           jsonb_build_object('degraded', degraded, 'degradedReasons', reasons)
-      FROM batch ORDER BY ord
 ), latest_agent AS (
     SELECT DISTINCT ON (agent_id) agent_id, degraded, reasons,
+           count(*) OVER w AS beats,
            bool_or(consumer IS NULL) OVER w AS anonymous,
            bool_and(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_all_degraded,
            array_agg(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_runs
@@ -81,11 +81,29 @@ WITH batch AS (
     WINDOW w AS (PARTITION BY agent_id ORDER BY ord
                  ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
      ORDER BY agent_id, ord DESC
+), latest_consumer AS (
+    SELECT DISTINCT ON (consumer) consumer, agent_id, degraded, reasons,
+           count(*) OVER (PARTITION BY consumer) AS beats,
+           bool_and(degraded) OVER (PARTITION BY consumer) AS all_degraded
+      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
+), ended AS (
+    INSERT INTO liveness (tenant, agent_id, consumer, heard_from, heard_to, degraded, beats)
+    SELECT a.tenant, a.agent_id, NULL, COALESCE(a.heard_since, a.last_heartbeat_at),
+           a.last_heartbeat_at, a.degraded, a.beats
+      FROM agent_heartbeats a JOIN latest_agent l ON a.agent_id = l.agent_id
+     WHERE a.tenant = %(tenant)s
+       AND (a.last_heartbeat_at < now() - %(break)s OR a.degraded <> l.degraded)
+    UNION ALL
+    SELECT c.tenant, c.agent_id, c.consumer, COALESCE(c.heard_since, c.last_heartbeat_at),
+           c.last_heartbeat_at, c.degraded, c.beats
+      FROM consumer_heartbeats c JOIN latest_consumer l ON c.consumer = l.consumer
+     WHERE c.tenant = %(tenant)s
+       AND (c.last_heartbeat_at < now() - %(break)s OR c.degraded <> l.degraded)
 ), agents AS (
     INSERT INTO agent_heartbeats AS a (tenant, agent_id, last_heartbeat_at, degraded,
-                                       degraded_reasons, degraded_since)
+                                       degraded_reasons, degraded_since, heard_since, beats)
     SELECT %(tenant)s, agent_id, now(), degraded, reasons,
-           CASE WHEN anonymous_runs[array_upper(anonymous_runs, 1)] THEN now() END
+           CASE WHEN anonymous_runs[array_upper(anonymous_runs, 1)] THEN now() END, now(), beats
       FROM latest_agent ORDER BY agent_id
     ON CONFLICT (tenant, agent_id) DO UPDATE
        SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, degraded = EXCLUDED.degraded,
@@ -96,16 +114,19 @@ WITH batch AS (
                WHEN (SELECT anonymous_all_degraded FROM latest_agent l
                       WHERE l.agent_id = a.agent_id)
                    THEN COALESCE(a.degraded_since, now())
-               ELSE EXCLUDED.degraded_since END
-), latest_consumer AS (
-    SELECT DISTINCT ON (consumer) consumer, agent_id, degraded, reasons,
-           bool_and(degraded) OVER (PARTITION BY consumer) AS all_degraded
-      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
+               ELSE EXCLUDED.degraded_since END,
+           heard_since = CASE
+               WHEN a.last_heartbeat_at < now() - %(break)s OR a.degraded <> EXCLUDED.degraded
+                   THEN now() ELSE COALESCE(a.heard_since, a.last_heartbeat_at) END,
+           beats = CASE
+               WHEN a.last_heartbeat_at < now() - %(break)s OR a.degraded <> EXCLUDED.degraded
+                   THEN EXCLUDED.beats ELSE a.beats + EXCLUDED.beats END
 ), consumers AS (
     INSERT INTO consumer_heartbeats AS c (tenant, consumer, agent_id, last_heartbeat_at,
-                                          degraded, degraded_reasons, degraded_since)
+                                          degraded, degraded_reasons, degraded_since,
+                                          heard_since, beats)
     SELECT %(tenant)s, consumer, agent_id, now(), degraded, reasons,
-           CASE WHEN degraded THEN now() END
+           CASE WHEN degraded THEN now() END, now(), beats
       FROM latest_consumer ORDER BY consumer
     ON CONFLICT (tenant, consumer) DO UPDATE
        SET agent_id = EXCLUDED.agent_id, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
@@ -113,24 +134,48 @@ WITH batch AS (
            degraded_since = CASE
                WHEN (SELECT all_degraded FROM latest_consumer l WHERE l.consumer = c.consumer)
                    THEN COALESCE(c.degraded_since, now())
-               ELSE EXCLUDED.degraded_since END
+               ELSE EXCLUDED.degraded_since END,
+           heard_since = CASE
+               WHEN c.last_heartbeat_at < now() - %(break)s OR c.degraded <> EXCLUDED.degraded
+                   THEN now() ELSE COALESCE(c.heard_since, c.last_heartbeat_at) END,
+           beats = CASE
+               WHEN c.last_heartbeat_at < now() - %(break)s OR c.degraded <> EXCLUDED.degraded
+                   THEN EXCLUDED.beats ELSE c.beats + EXCLUDED.beats END
 )
 SELECT now()
 """
 
 
-def _heartbeat_params(tenant: str, heartbeats: Sequence[HeartbeatIn]) -> dict[str, Any]:
+# A gap longer than this between two heartbeats ends a liveness interval (RIG_AGENT_DOWN_MS, so
+# every gap that made an agent down is one between two intervals).
+DEFAULT_BREAK_MS = 600_000
+
+
+def _heartbeat_params(
+    tenant: str, heartbeats: Sequence[HeartbeatIn], break_ms: int
+) -> dict[str, Any]:
     # One JSON document for the whole batch: encoded in C, where driver-side arrays are not.
     batch = [[hb.agent_id, hb.consumer, hb.degraded, hb.degraded_reasons] for hb in heartbeats]
-    return {"tenant": tenant, "batch": json.dumps(batch)}
+    return {
+        "tenant": tenant,
+        "batch": json.dumps(batch),
+        "break": timedelta(milliseconds=break_ms),
+    }
 
 
 async def record_heartbeats(
-    engine: AsyncEngine, *, tenant: str, heartbeats: Sequence[HeartbeatIn]
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    heartbeats: Sequence[HeartbeatIn],
+    break_ms: int = DEFAULT_BREAK_MS,
 ) -> datetime:
-    """Store a batch of heartbeats; returns the receipt time PostgreSQL stamped on them."""
+    """Store a batch of heartbeats; returns the receipt time PostgreSQL stamped on them. A gap
+    longer than `break_ms` since an agent's or consumer's last heartbeat starts a new liveness
+    interval."""
     async with engine.begin() as conn:
-        result = await conn.exec_driver_sql(_HEARTBEATS_SQL, _heartbeat_params(tenant, heartbeats))
+        params = _heartbeat_params(tenant, heartbeats, break_ms)
+        result = await conn.exec_driver_sql(_HEARTBEATS_SQL, params)
         received_at: datetime = result.scalar_one()
     return received_at
 
@@ -149,10 +194,14 @@ async def connect_direct(
 
 
 async def record_heartbeats_on(
-    conn: psycopg.AsyncConnection[Any], *, tenant: str, heartbeats: Sequence[HeartbeatIn]
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    tenant: str,
+    heartbeats: Sequence[HeartbeatIn],
+    break_ms: int = DEFAULT_BREAK_MS,
 ) -> datetime:
     """`record_heartbeats` on a direct connection: one statement, its own transaction."""
-    cursor = await conn.execute(_HEARTBEATS_SQL, _heartbeat_params(tenant, heartbeats))
+    cursor = await conn.execute(_HEARTBEATS_SQL, _heartbeat_params(tenant, heartbeats, break_ms))
     row = await cursor.fetchone()
     assert row is not None
     received_at: datetime = row[0]
@@ -311,6 +360,13 @@ async def delete_old_events(
             return deleted
 
 
+async def delete_old_intervals(engine: AsyncEngine, *, older_than_days: int) -> int:
+    """Delete the liveness intervals that ended before the retention (like the event log)."""
+    statement = text("DELETE FROM liveness WHERE heard_to < now() - make_interval(days => :days)")
+    async with engine.begin() as conn:
+        return (await conn.execute(statement, {"days": older_than_days})).rowcount
+
+
 FORGET_BATCH = 10_000
 
 # One bounded DELETE per table: the oldest rows first through the index on
@@ -318,13 +374,23 @@ FORGET_BATCH = 10_000
 # heartbeat refreshed meanwhile is re-checked under its lock and stays (a row deleted first is
 # simply inserted again by that heartbeat). What is left over goes in the next scan.
 _FORGET_SQL = """
-DELETE FROM {table} WHERE tenant = :tenant AND last_heartbeat_at < :before
-   AND {key} <> ALL(CAST(:keep AS text[]))
-   AND ctid = ANY(ARRAY(
-       SELECT ctid FROM {table}
-        WHERE tenant = :tenant AND last_heartbeat_at < :before
-          AND {key} <> ALL(CAST(:keep AS text[]))
-        ORDER BY last_heartbeat_at LIMIT :batch))
+WITH gone AS (
+    DELETE FROM {table} WHERE tenant = :tenant AND last_heartbeat_at < :before
+       AND {key} <> ALL(CAST(:keep AS text[]))
+       AND ctid = ANY(ARRAY(
+           SELECT ctid FROM {table}
+            WHERE tenant = :tenant AND last_heartbeat_at < :before
+              AND {key} <> ALL(CAST(:keep AS text[]))
+            ORDER BY last_heartbeat_at LIMIT :batch))
+    RETURNING tenant, agent_id, {consumer} AS consumer, heard_since, last_heartbeat_at,
+              degraded, beats
+), ended AS (
+    INSERT INTO liveness (tenant, agent_id, consumer, heard_from, heard_to, degraded, beats)
+    SELECT tenant, agent_id, consumer, COALESCE(heard_since, last_heartbeat_at),
+           last_heartbeat_at, degraded, beats
+      FROM gone WHERE beats > 0
+)
+SELECT count(*) FROM gone
 """
 
 
@@ -338,17 +404,18 @@ async def forget_silent(
     batch: int = FORGET_BATCH,
 ) -> tuple[int, int]:
     """Delete the agent and consumer heartbeat rows last heard from before `before`, except
-    those named to keep, at most `batch` of each; returns how many of each went. The event log
-    keeps every heartbeat they ever sent (the audit reads it)."""
+    those named to keep, at most `batch` of each; returns how many of each went. Their open
+    liveness intervals go to `liveness`, which keeps what they were heard (the audit reads
+    it)."""
     counts: list[int] = []
     async with engine.begin() as conn:
-        for table, key, keep in (
-            ("agent_heartbeats", "agent_id", keep_agents),
-            ("consumer_heartbeats", "consumer", keep_consumers),
+        for table, key, consumer, keep in (
+            ("agent_heartbeats", "agent_id", "CAST(NULL AS text)", keep_agents),
+            ("consumer_heartbeats", "consumer", "consumer", keep_consumers),
         ):
             params = {"tenant": tenant, "before": before, "keep": sorted(keep), "batch": batch}
-            result = await conn.execute(text(_FORGET_SQL.format(table=table, key=key)), params)
-            counts.append(result.rowcount)
+            statement = text(_FORGET_SQL.format(table=table, key=key, consumer=consumer))
+            counts.append(int((await conn.execute(statement, params)).scalar_one()))
     return counts[0], counts[1]
 
 

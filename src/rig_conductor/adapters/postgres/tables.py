@@ -33,6 +33,10 @@ agent_heartbeats = Table(
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("degraded_since", DateTime(timezone=True)),
+    # The open liveness interval (migration 0013): heard without a break since `heard_since`,
+    # `beats` heartbeats in it. A break moves it to `liveness`.
+    Column("heard_since", DateTime(timezone=True)),
+    Column("beats", BigInteger, nullable=False, server_default=text("0")),
     # Who is silent past RIG_AGENT_FORGET_MS (migration 0009). Pages go by the primary key.
     Index("ix_agent_heartbeats_heard", "tenant", "last_heartbeat_at"),
 )
@@ -48,6 +52,8 @@ consumer_heartbeats = Table(
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("degraded_since", DateTime(timezone=True)),
+    Column("heard_since", DateTime(timezone=True)),
+    Column("beats", BigInteger, nullable=False, server_default=text("0")),
     # An agent's consumers by name (pages), freshest first (its 10 listed), and who is silent
     # past RIG_AGENT_FORGET_MS (migration 0009).
     Index("ix_consumer_heartbeats_agent", "tenant", "agent_id", "consumer"),
@@ -61,7 +67,27 @@ consumer_heartbeats = Table(
     Index("ix_consumer_heartbeats_heard", "tenant", "last_heartbeat_at"),
 )
 
-# Append-only: every heartbeat, dispatch, reclaim and dead letter. The audit reads it.
+# The liveness history as intervals (migration 0013): an agent (consumer NULL) or a consumer
+# heard from `heard_from` to `heard_to`, `beats` heartbeats, all with the same `degraded`, no
+# gap between two of them longer than RIG_AGENT_DOWN_MS. A row is written when an interval
+# ends (a longer gap, or `degraded` changed); the open one lives in the heartbeat tables. So
+# durable storage grows with changes, not with beats. The audit reads both.
+liveness = Table(
+    "liveness",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("tenant", Text, nullable=False),
+    Column("agent_id", Text, nullable=False),
+    Column("consumer", Text),
+    Column("heard_from", DateTime(timezone=True), nullable=False),
+    Column("heard_to", DateTime(timezone=True), nullable=False),
+    Column("degraded", Boolean, nullable=False),
+    Column("beats", BigInteger, nullable=False),
+    Index("ix_liveness_heard_to", "heard_to"),
+)
+
+# Append-only: every dispatch, reclaim, dead letter and work report (heartbeats too, before
+# migration 0013). The audit reads it.
 events = Table(
     "events",
     metadata,
