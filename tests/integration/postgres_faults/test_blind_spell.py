@@ -1,0 +1,113 @@
+"""A PostgreSQL outage is the conductor's blind spell, not the fleet's silence (reaper rule 3).
+
+A real `serve` on the module's private PostgreSQL, scanning every 0.3 s with RIG_AGENT_DOWN_MS
+of 3 s. An agent holds entries and heartbeats every 0.3 s, retrying through the outage (its
+heartbeats answer 503). PostgreSQL is stopped for 8 s, far longer than RIG_AGENT_DOWN_MS, and
+started again. The first scans after it see the agent's last stored heartbeat 8 s old; the
+spell does not count, so nothing of the agent's moves. Another agent that died just before the
+outage is still reclaimed, later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from ..helpers import fill, owners, read, register, serve, wait_for
+from .conftest import Database, metric, rig_conductor
+from .servers import PrivatePostgres
+
+pytestmark = pytest.mark.timeout(240)
+
+S, G = "rig:dispatch", "workers"
+LIVE, DEAD = "live-e-0", "dead-e-0"
+
+
+async def heartbeats(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
+    """The live agent: a heartbeat every 0.3 s, whatever the answer (503 during the outage)."""
+    event = {"type": "HEARTBEAT", "agentId": "live-e", "consumer": LIVE}
+    while not stop.is_set():
+        with contextlib.suppress(httpx.HTTPError):
+            await client.post("/api/events", json=event)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=0.3)
+
+
+async def test_an_outage_longer_than_the_down_time_takes_no_live_agents_work(
+    redis: Redis, redis_url: str, database: Database, private_pg: PrivatePostgres
+) -> None:
+    assert rig_conductor("migrate", database_url=database.direct_url).returncode == 0
+    await fill(redis, S, G, 6)
+    live_held = await read(redis, S, G, LIVE, 3)
+    await read(redis, S, G, DEAD, 3)
+    await register(redis, S, G, "spare-e-0")
+    env = {
+        "RIG_STREAMS": S,
+        "RIG_AGENT_IDS": "live-e,dead-e,spare-e",
+        "RIG_AGENT_DOWN_MS": "3000",
+        "RIG_ENTRY_STALE_MS": "0",
+        "RIG_SCAN_INTERVAL_S": "0.3",
+        "RIG_STARTUP_DELAY_S": "0",
+        "RIG_K8S_ENABLED": "false",
+    }
+    stop = asyncio.Event()
+    async with (
+        serve(redis_url, database.direct_url, **env) as conductor,
+        httpx.AsyncClient(base_url=conductor.url, timeout=30) as client,
+    ):
+        beating = asyncio.create_task(heartbeats(client, stop))
+        spare = {"type": "HEARTBEAT", "agentId": "spare-e", "consumer": "spare-e-0"}
+        dead = {"type": "HEARTBEAT", "agentId": "dead-e", "consumer": DEAD}
+        assert (await client.post("/api/events", json=spare)).status_code == 202
+        assert (await client.post("/api/events", json=dead)).status_code == 202
+        try:
+            await asyncio.sleep(1.0)  # the dead agent's last heartbeat, 1 s before the outage
+            private_pg.stop()
+            await asyncio.sleep(8.0)
+            private_pg.start()
+            recovered = time.monotonic()
+            assert (await client.post("/api/events", json=spare)).status_code in (202, 503)
+
+            async def spell_seen() -> bool:
+                return await metric(client, conductor.url, "rig_blind_seconds_total") > 5
+
+            await wait_for(spell_seen, within=30)
+
+            # The dead agent: silent 1 s before the spell, so down 2 s of heard time after it.
+            async def dead_moved() -> bool:
+                held = await owners(redis, S, G)
+                return DEAD not in held.values()
+
+            await wait_for(dead_moved, within=30)
+            assert time.monotonic() - recovered >= 1.5
+            # Scans have run since; the live agent kept every entry.
+            before = await metric(client, conductor.url, "rig_reaper_scans_total", outcome="ok")
+
+            async def scanned() -> bool:
+                done = await metric(client, conductor.url, "rig_reaper_scans_total", outcome="ok")
+                return done >= before + 5
+
+            await wait_for(scanned, within=30)
+            held = await owners(redis, S, G)
+            assert {entry: held.get(entry) for entry in live_held} == dict.fromkeys(live_held, LIVE)
+            reclaimed = await metric(
+                client,
+                conductor.url,
+                "rig_reclaimed_entries_total",
+                stream=S,
+                group=G,
+                from_agent="live-e",
+                to_agent="spare-e",
+                reason="down",
+            )
+            assert reclaimed == 0
+        finally:
+            stop.set()
+            await beating
+            if not private_pg.running():
+                private_pg.start()
