@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import migrations, queries
 from rig_conductor.adapters.postgres import work as work_store
-from rig_conductor.adapters.postgres.tables import dispatches, events
+from rig_conductor.adapters.postgres.tables import agent_heartbeats, dispatches, events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
@@ -302,8 +302,8 @@ async def test_a_streamed_body_within_the_limit_is_read_whole(
     )
     assert answer.status_code == 202
     async with engine.connect() as conn:
-        detail = (await conn.execute(select(events.c.detail))).scalar_one()
-    assert len(detail["degradedReasons"]) == 60
+        reasons = (await conn.execute(select(agent_heartbeats.c.degraded_reasons))).scalar_one()
+    assert len(reasons) == 60
 
 
 async def test_tokens_guard_the_api_but_not_probes(

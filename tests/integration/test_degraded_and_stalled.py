@@ -147,6 +147,9 @@ async def test_no_healthy_target_holds_the_entries(
 async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
     redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
+    # A deadline long enough that the scan comes well inside it after the last progress, even
+    # on a loaded machine; the hung attempt is past it.
+    settings = settings.model_copy(update={"entry_deadline_ms": 2_000})
     ids = await fill(redis, S, G, 3)
     await read(redis, S, G, CLAUDE, 3)
     await register(redis, S, G, "review-e-1")
@@ -161,7 +164,7 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
         tenant="default",
         report=work.WorkReport("WORK_STARTED", "review-e", S, ids[1], CLAUDE),
     )
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(2.1)
     # ids[1] keeps reporting progress; ids[2] was re-read just now (never named: idle decides).
     progress = work.WorkReport("WORK_PROGRESS", "review-e", S, ids[1], CLAUDE, attempt=busy.attempt)
     assert (await work.record_work(engine, tenant="default", report=progress)).accepted

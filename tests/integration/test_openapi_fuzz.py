@@ -9,10 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from .helpers import serve
+
+# 60 examples of every operation take about a minute on an idle machine; give a loaded one room.
+pytestmark = pytest.mark.timeout(300)
 
 CHECKS = ",".join(
     [

@@ -462,7 +462,10 @@ class LeaseRowElector(_Elector):
             began = loop.time()
             pause = self.period_s
             try:
-                claim = await asyncio.wait_for(self._attempt(), timeout=self._timeout_s)
+                # The connect is bounded by its own connect_timeout: cancelling psycopg's connect
+                # half-way would leave an open connection behind, unreferenced.
+                conn = await self._connection()
+                claim = await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 # Leadership, if any, lasts until the renew deadline timer says otherwise;
                 # retry sooner so one failed renewal does not cost it.
@@ -489,16 +492,25 @@ class LeaseRowElector(_Elector):
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn
         if conn is None or conn.closed:
-            conn = self._conn = await queries.connect_direct(
-                self._url,
-                connect_timeout=max(1, int(self._timeout_s)),
-                application_name=f"rig-conductor leader {self.identity}"[:63],
+            connecting = asyncio.ensure_future(
+                queries.connect_direct(
+                    self._url,
+                    connect_timeout=max(1, int(self._timeout_s)),
+                    application_name=f"rig-conductor leader {self.identity}"[:63],
+                )
             )
+            try:
+                conn = self._conn = await asyncio.shield(connecting)
+            except asyncio.CancelledError:
+                # Stopped or timed out half-way: the connect goes on, and its connection is
+                # closed when it arrives rather than left open and unreferenced.
+                connecting.add_done_callback(_close_when_connected)
+                raise
         return conn
 
-    async def _attempt(self) -> leases.LeaseClaim:
+    async def _attempt(self, conn: psycopg.AsyncConnection[Any]) -> leases.LeaseClaim:
         return await leases.try_take(
-            await self._connection(),
+            conn,
             tenant=self.tenant,
             holder=self.identity,
             duration_s=self.duration_s,
@@ -517,6 +529,16 @@ class LeaseRowElector(_Elector):
         if conn is not None and not conn.closed:
             with contextlib.suppress(psycopg.Error, OSError, TimeoutError):
                 await asyncio.wait_for(conn.close(), timeout=self._timeout_s)
+
+
+_CLOSING: set[asyncio.Future[None]] = set()  # closes in flight, kept until done
+
+
+def _close_when_connected(connecting: asyncio.Future[psycopg.AsyncConnection[Any]]) -> None:
+    if not connecting.cancelled() and connecting.exception() is None:
+        closing = asyncio.ensure_future(connecting.result().close())
+        _CLOSING.add(closing)
+        closing.add_done_callback(_CLOSING.discard)
 
 
 def _one_line(exc: BaseException) -> str:
