@@ -3,7 +3,7 @@
 The form names entry ids only; everything else comes from Redis at the time of the move. Each
 selected id is looked up for the owner (`XPENDING <stream> <group> <id> <id> 1 <owner>`,
 pipelined): an id the owner does not hold (acked, moved, or never its own) is left out. Each
-entry the owner holds is judged as the reaper judges it (`reclaim.OwnerRule`): one whose
+entry the owner holds is judged as the reaper judges it (`reclaim.OwnerRule.partition`): one whose
 deliveries, or recorded attempts, reached RIG_MAX_DELIVERIES is dead-lettered exactly as in
 reaper step 7; the others move with their own guarded `XCLAIM ... JUSTID` whose min-idle is the
 idle time Redis reported just before (never a client's number), so an entry touched in between
@@ -113,12 +113,8 @@ async def move(
         worn=evidence.worn.get(stream, {}),
     )
     result = Moved(len(ids), not_held=[i for i in ids if i not in held])
-    movable = [entry for entry in held.values() if rule.decide(entry) == "move"]
-    worn = [
-        entry._replace(deliveries=rule.deliveries(entry))
-        for entry in held.values()
-        if rule.decide(entry) == "dead"
-    ]
+    # Worn entries come with the count that decided it: Redis's deliveries or recorded attempts.
+    movable, worn = rule.partition(held.values())
     if worn:
         result.dead_lettered = await _dead_letter(rt, fleet, stream=stream, group=group, worn=worn)
     if movable:
