@@ -21,10 +21,10 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters import redis_client, redis_streams
 from rig_conductor.adapters import redis_reading as reading
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import Topology, node_for
+from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     UNKNOWN_AGENT,
@@ -120,10 +120,7 @@ async def reap_once(
     )
     for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
         if isinstance(outcome, BaseException):
-            if not topology.clustered or isinstance(outcome, asyncio.CancelledError):
-                raise outcome
-            world.fail(node_reading.node.name, outcome)
-            topology.stale = True
+            world.go_on_without(topology, node_reading.node.name, outcome)
     report.nodes_failed = sorted(world.failed)
     if metrics is not None:
         for node in world.failed:
@@ -213,15 +210,14 @@ class _Scan:
             ) + len(assessment.held)
             if not (assessment.rules or assessment.held):
                 continue
-            # Apply.
-            try:
-                outcome = await self._apply(assessment, node_reading.node.client)
-            except reading.SLOT_MOVED:
-                # The stream's slot moved since the scan read it: nothing moved (every move is
-                # guarded where the stream lives); one retry where it lives now.
-                await self.topology.refresh()
-                node = await node_for(self.topology, group.stream)
-                outcome = await self._apply(assessment, node.client)
+            # Apply. A slot that moved since the scan read it moved nothing (every move is
+            # guarded where the stream lives): one retry where it lives now.
+            outcome = await redis_client.on_owner(
+                self.topology,
+                group.stream,
+                functools.partial(self._apply, assessment),
+                client=node_reading.node.client,
+            )
             if (
                 outcome.reclaimed
                 or outcome.dead_lettered

@@ -11,9 +11,8 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rig_conductor import roles
-from rig_conductor.adapters import redis_reading, redis_streams
+from rig_conductor.adapters import redis_client, redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import node_for
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
@@ -162,23 +161,19 @@ async def _append_replicated(
 ) -> tuple[EntryId, bool, int]:
     """The append and its WAIT on one connection to the stream's server. On a cluster whose
     slot map is stale, the append (idempotent) is tried again on the new owner, once."""
-    for attempt in (1, 2):
-        node = await node_for(rt.servers(), stream)
-        try:
-            return await redis_streams.append_once_replicated(
-                node.client,
-                stream=stream,
-                key=key,
-                fields=fields,
-                remember_s=remember_s,
-                replicas=rt.settings.redis_wait_replicas,
-                timeout_ms=WAIT_TIMEOUT_MS,
-            )
-        except redis_reading.SLOT_MOVED:
-            if attempt == 2:
-                raise
-            await rt.servers().refresh()
-    raise AssertionError("unreachable")
+    return await redis_client.on_owner(
+        rt.servers(),
+        stream,
+        lambda client: redis_streams.append_once_replicated(
+            client,
+            stream=stream,
+            key=key,
+            fields=fields,
+            remember_s=remember_s,
+            replicas=rt.settings.redis_wait_replicas,
+            timeout_ms=WAIT_TIMEOUT_MS,
+        ),
+    )
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
