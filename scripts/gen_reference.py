@@ -210,6 +210,8 @@ def _schema_name(schema: dict[str, Any]) -> str:
 
 
 def log_lines_page() -> str:
+    from rig_conductor.effects.applier import logger as reclaim_logger
+
     found: dict[str, set[str]] = {prefix: set() for prefix in LOG_PREFIXES}
     for path in sorted(SOURCE.rglob("*.py")):
         module = ".".join(path.relative_to(SOURCE.parent).with_suffix("").parts)
@@ -229,6 +231,8 @@ def log_lines_page() -> str:
         "characters in a path, a consumer name, an error or a traceback are written as a",
         "Python literal would (`\\n`, `\\x1b`, `\\u2028`; a backslash stays as it is), so no",
         "client and no name in Redis can start a line of its own; JSON escapes them as JSON does.",
+        "Every `[StreamReclaim]` line, the scan's and the console's alike, comes from the logger",
+        f"`{reclaim_logger.name}`, whichever module holds its text.",
         "",
     ]
     for prefix, rows in found.items():

@@ -1,19 +1,24 @@
 """The scan's group sweep (pages read, planned by the policy a chunk at a time with several chunks
-in flight, claimed) ends where the policy's plan of the whole lists at once does, on random
-pending lists, on every Redis at hand."""
+in flight, claimed by the applier) ends where the policy's plan of the whole lists at once does,
+on random pending lists, on every Redis at hand."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import random
 from collections import Counter
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import (
     AgentId,
     ConsumerName,
@@ -24,6 +29,7 @@ from rig_conductor.domain import (
     Limits,
     StreamKey,
 )
+from rig_conductor.effects import applier as effects
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
 from rig_conductor.reaper import moves
@@ -36,7 +42,7 @@ STALE_MS = 1_000
 
 @pytest.mark.parametrize("chunk", [moves.CHUNK, 7], ids=["one-chunk", "chunk-per-owner"])
 async def test_sweep_matches_the_plan_of_whole_lists(
-    any_redis: Redis, chunk: int, monkeypatch: pytest.MonkeyPatch
+    any_redis: Redis, engine: AsyncEngine, chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(moves, "CHUNK", chunk)
     rng = random.Random(20261121)
@@ -86,26 +92,36 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             min_idle_ms=dict.fromkeys(assessment.rules, 0),
         )
         expected = reclaim.plan_reclaims(assessment, entries)
-        moved: dict[str, str] = {}
         collecting: set[bool] = set()  # whether the cycle collector ran during the moves
 
-        def heard(
-            owner: ConsumerName,
-            target: ConsumerName,
-            ids: list[EntryId],
-            moved: dict[str, str] = moved,
-            collecting: set[bool] = collecting,
-        ) -> None:
-            moved.update(dict.fromkeys(ids, target))
-            collecting.add(gc.isenabled())
+        def timing(phase: str, collecting: set[bool] = collecting) -> AbstractContextManager[None]:
+            if phase != "record":  # the rows left are written once the sweep is done
+                collecting.add(gc.isenabled())
+            return contextlib.nullcontext()
 
-        swept = await moves.sweep_group(
-            any_redis, assessment, dry_run=False, page_size=7, on_moved=heard
+        applier = effects.Applier(
+            assessment,
+            redis=any_redis,
+            journal=effects.Journal(engine, f"sweep-{round_}"),
+            metrics=None,
+            timing=timing,
         )
+        await moves.sweep_group(applier, page_size=7)
+        await applier.flush()
         assert collecting == {False} and gc.isenabled()  # paused for the sweep only (gcpolicy)
-        assert swept.reclaimed == len(moved)
+        # What moved, as the event log has it.
+        moved: dict[str, str] = {}
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(events.c.entry_ids, events.c.detail).where(
+                    events.c.kind == "RECLAIMED", events.c.tenant == f"sweep-{round_}"
+                )
+            )
+            for entry_ids, detail in rows:
+                moved.update(dict.fromkeys(entry_ids, detail["toConsumer"]))
+        assert sum(applier.moved.values()) == len(moved)
         assert sorted(moved) == sorted(m.entry.id for m in expected.moves), f"round {round_}"
-        worn = sorted(e.id for e in swept.worn)
+        worn = sorted(e.id for e in applier.worn)
         assert worn == sorted(e.id for e in expected.dead_letters), f"round {round_}"
         # Page by page or all at once, the spread ends at the same loads.
         assert Counter(moved.values()) == Counter(m.to for m in expected.moves), f"round {round_}"

@@ -237,11 +237,11 @@ entry_st = st.builds(
     min_idle=st.integers(0, 20_000),
     max_deliveries=st.integers(1, 8),
 )
-def test_a_rule_without_evidence_sorts_as_one_with_evidence_on_other_entries(
+def test_a_rule_without_evidence_partitions_as_one_with_evidence_on_other_entries(
     entries: list[PendingEntry], min_idle: int, max_deliveries: int
 ) -> None:
-    """A down owner's pages take the comprehension path of `sort`; evidence about entries not
-    on the page (a worn count, a due or kept id) sends the same page down the per-entry loop.
+    """A down owner's pages take the comprehension path of `partition`; evidence about entries
+    not on the page (a worn count, a due or kept id) sends the same page down the per-entry loop.
     Both decide alike, in the page's order."""
     plain = reclaim.OwnerRule(ConsumerName("a-0"), AgentId("a"), "down", min_idle, max_deliveries)
     elsewhere = frozenset({EntryId("x-0")})
@@ -255,5 +255,5 @@ def test_a_rule_without_evidence_sorts_as_one_with_evidence_on_other_entries(
             keep=elsewhere, due=elsewhere,
         ),
     ):  # fmt: skip
-        assert plain.sort(entries) == evidenced.sort(entries)
-        assert plain.sort(iter(entries)) == evidenced.sort(entries)
+        assert plain.partition(entries) == evidenced.partition(entries)
+        assert plain.partition(iter(entries)) == evidenced.partition(entries)

@@ -5,7 +5,8 @@ standalone server or the master a set of sentinels names (it follows failovers b
 `RedisCluster` for a cluster (it follows MOVED and ASK). `connect_sync` gives the same for the
 audit's driver. `Topology` is what the reaper scans: the one server, or each primary of a
 cluster through a plain client of its own, so that the existing scripts and pipelines run
-unchanged where the keys live.
+unchanged where the keys live. Those plain clients do not follow MOVED and ASK: `retry_moved`
+and `on_owner` are where that is decided (re-read the slot map, try once more).
 
 Every client retries connection blips with jittered exponential backoff, and speaks TLS with
 the configured CA and client certificate for `rediss://` URLs.
@@ -14,17 +15,17 @@ the configured CA and client certificate for `rediss://` URLs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import redis as redis_sync
 from redis.asyncio import Redis, RedisCluster, Sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import HiredisRespSerializer, parse_url
+from redis.exceptions import AskError, MovedError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry as SyncRetry
 from redis.utils import HIREDIS_AVAILABLE
@@ -43,6 +44,9 @@ AnySyncRedis: TypeAlias = redis_sync.Redis | redis_sync.RedisCluster
 RETRIES = 6
 _BACKOFF = {"base": 0.05, "cap": 2.0}
 _RETRY_ON: tuple[type[RedisError], ...] = (RedisConnectionError, RedisTimeoutError)
+# Errors that mean "the slot map is stale": re-read it and try again, once (`retry_moved`).
+SLOT_MOVED = (MovedError, AskError)
+T = TypeVar("T")
 
 
 class _HiredisPacking:
@@ -291,3 +295,42 @@ async def node_for(topology: Topology, key: str) -> Node:
         if node.name == owner:
             return node
     raise LookupError(f"no primary named {owner} holds {key}")
+
+
+async def retry_moved(
+    topology: Topology,
+    work: Callable[[], Awaitable[T]],
+    *,
+    moved_in: Callable[[T], bool] | None = None,
+) -> T:
+    """`work()`; when the slot of a key it named moved since the slot map was read (MOVED or
+    ASK), the map is read again and `work()` runs once more, where the keys live now. A second
+    MOVED is the caller's. `moved_in`: for work that gathers the answers of several nodes,
+    errors among them, whether its result holds a MOVED or ASK."""
+    try:
+        result = await work()
+    except SLOT_MOVED:
+        pass
+    else:
+        if moved_in is None or not moved_in(result):
+            return result
+    await topology.refresh()
+    return await work()
+
+
+async def on_owner(
+    topology: Topology,
+    key: str,
+    work: Callable[[Redis], Awaitable[T]],
+    *,
+    client: Redis | None = None,
+) -> T:
+    """`work` with the client of the server holding `key` (`client`: one the caller knows holds
+    it), then, after a MOVED or ASK, with the client of the server that holds it now."""
+    known = [client] if client is not None else []
+
+    async def attempt() -> T:
+        owner = known.pop() if known else (await node_for(topology, key)).client
+        return await work(owner)
+
+    return await retry_moved(topology, attempt)

@@ -3,8 +3,10 @@
 On one server (standalone or behind sentinels) this is one reading, and a failure fails the
 scan as before. On a cluster each primary is read on its own: `RIG_STREAMS` patterns are
 resolved on every primary, literal names on the node that holds them. One slow or failing node
-does not stop the others: it is logged, counted and left for the next scan. A slot that moved
-since the slot map was read (MOVED or ASK) costs one re-read of the map and one retry.
+does not stop the others: it is logged, counted and left for the next scan
+(`Reading.go_on_without`, also for a node the scan's moves failed on). A slot that moved since
+the slot map was read (MOVED or ASK) costs one re-read of the map and one retry
+(`redis_client.retry_moved`).
 """
 
 from __future__ import annotations
@@ -14,16 +16,17 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from redis.exceptions import AskError, MovedError
-
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.redis_client import Node, Topology, split_by_node
+from rig_conductor.adapters.redis_client import (
+    SLOT_MOVED,
+    Node,
+    Topology,
+    retry_moved,
+    split_by_node,
+)
 from rig_conductor.domain import GroupInfo, StreamKey
 
 logger = logging.getLogger(__name__)
-
-# Errors that mean "the slot map is stale": re-read it and try again, once.
-SLOT_MOVED = (MovedError, AskError)
 
 
 @dataclass
@@ -49,7 +52,12 @@ class Reading:
     def groups(self) -> list[GroupInfo]:
         return [group for reading in self.nodes for group in reading.groups]
 
-    def fail(self, node: str, exc: BaseException) -> None:
+    def go_on_without(self, topology: Topology, node: str, exc: BaseException) -> None:
+        """`node` failed (reading it, or acting on it). On a cluster it is logged and named in
+        `failed`, and the next scan reads the slot map again (a failover may be under way): the
+        other nodes go on. On one server, or when cancelled, `exc` is raised."""
+        if not topology.clustered or isinstance(exc, asyncio.CancelledError):
+            raise exc
         reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
         self.failed[node] = reason
         logger.warning(
@@ -58,33 +66,34 @@ class Reading:
             reason,
             extra={"node": node},
         )
+        topology.stale = True
 
 
 async def read(topology: Topology, names: Sequence[str]) -> Reading:
     """Every node's streams (from `names`: literal names and glob patterns) and groups."""
     literals = [name for name in names if not redis_streams.is_pattern(name)]
     patterns = [name for name in names if redis_streams.is_pattern(name)]
-    for attempt in (1, 2):
+
+    async def read_nodes() -> list[tuple[Node, NodeReading | BaseException]]:
         nodes = await topology.nodes()
         by_node = split_by_node(topology, literals)
         results = await asyncio.gather(
             *(_read_node(node, by_node.get(node.name, []), patterns) for node in nodes),
             return_exceptions=True,
         )
-        if attempt == 1 and any(isinstance(result, SLOT_MOVED) for result in results):
-            await topology.refresh()
-            continue
-        break
+        return list(zip(nodes, results, strict=True))
+
+    answers = await retry_moved(
+        topology,
+        read_nodes,
+        moved_in=lambda found: any(isinstance(result, SLOT_MOVED) for _, result in found),
+    )
     reading = Reading()
-    for node, result in zip(nodes, results, strict=True):
+    for node, result in answers:
         if isinstance(result, BaseException):
-            if not topology.clustered or isinstance(result, asyncio.CancelledError):
-                raise result
-            reading.fail(node.name, result)
+            reading.go_on_without(topology, node.name, result)
         else:
             reading.nodes.append(result)
-    if reading.failed:
-        topology.stale = True  # a failover may be under way: the next scan re-reads the map
     return reading
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
-from rig_conductor.domain import NotLeading, StreamKey
+from rig_conductor.domain import NotLeading
 from rig_conductor.operations import deadletters, moves, scans
 
 router = APIRouter(include_in_schema=False)
@@ -21,10 +21,11 @@ Csrf = Annotated[str | None, Form()]
 Field = Annotated[str, Form(max_length=256)]
 
 
-@router.post("/deadletters/requeue")
-async def requeue(
+@router.post("/deadletters/{action}")
+async def dead_letters(
     request: Request,
     you: SessionDep,
+    action: deadletters.Action,
     stream: Field,
     csrf: Csrf = None,
     ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
@@ -33,55 +34,20 @@ async def requeue(
     q: Field = "",
     reason: Field = "",
 ) -> Response:
-    """`one` (a row's own button) alone, else the selected `ids`, else all that match."""
+    """`/deadletters/requeue` or `/deadletters/delete`: `one` (a row's own button) alone, else
+    the selected `ids`, else all that match."""
     web.require_change(request, you, csrf)
     chosen = [one] if one else ids
     key = web.stream_key(request, stream)
-    count = await _each(request, you, key, chosen, all_matching, q, reason, True)
-    return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done="requeued", n=count
-    )
-
-
-@router.post("/deadletters/delete")
-async def delete(
-    request: Request,
-    you: SessionDep,
-    stream: Field,
-    csrf: Csrf = None,
-    ids: Annotated[list[web.EntryIdText] | None, Form()] = None,
-    one: Annotated[web.EntryIdText | None, Form()] = None,
-    all_matching: Annotated[bool, Form()] = False,
-    q: Field = "",
-    reason: Field = "",
-) -> Response:
-    web.require_change(request, you, csrf)
-    chosen = [one] if one else ids
-    key = web.stream_key(request, stream)
-    count = await _each(request, you, key, chosen, all_matching, q, reason, False)
-    return web.redirect(
-        request, "/deadletters", stream=stream, q=q, reason=reason, done="deleted", n=count
-    )
-
-
-async def _each(
-    request: Request,
-    you: Session,
-    stream: StreamKey,
-    ids: list[str] | None,
-    all_matching: bool,
-    q: str,
-    reason: str,
-    requeueing: bool,
-) -> int:
     rt = web.runtime(request)
-    if all_matching and not ids:
+    if all_matching and not chosen:
         where = deadletters.Filter(text=q, reason=reason)
-        return await deadletters.apply_to_matching(
-            rt, you.caller, stream=stream, where=where, requeueing=requeueing
-        )
-    return await deadletters.apply_to(
-        rt, you.caller, stream=stream, dlq_ids=ids or [], requeueing=requeueing
+        count = await deadletters.apply_to_matching(rt, you.caller, action, stream=key, where=where)
+    else:
+        count = await deadletters.apply_to(rt, you.caller, action, stream=key, dlq_ids=chosen or [])
+    done = deadletters.DONE[action]
+    return web.redirect(
+        request, "/deadletters", stream=stream, q=q, reason=reason, done=done, n=count
     )
 
 

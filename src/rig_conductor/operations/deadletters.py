@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from rig_conductor import logs, roles
 from rig_conductor.adapters import failures, redis_inspect, redis_streams
@@ -22,6 +23,9 @@ from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger("rig_conductor.console")
 
+# What the console does to the dead letters it is given, and what it says it did.
+Action = Literal["requeue", "delete"]
+DONE: dict[Action, str] = {"requeue": "requeued", "delete": "deleted"}
 # Dead letters read per round trip while filtering.
 SCAN_PAGE = 500
 # Dead letters requeued or deleted per round trip and per event-log COPY.
@@ -95,59 +99,66 @@ async def delete(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> bool:
     """Drop the letter for good; False when there is no such letter."""
-    with failures.named_by_request():
-        found = await redis_inspect.dead_letters_by_id(rt.redis, stream=stream, dlq_ids=[dlq_id])
-    return bool(
-        await _delete(rt, caller, stream=stream, letters=list(found.values()), console=console)
-    )
+    return bool(await _act(rt, caller, "delete", stream=stream, dlq_ids=[dlq_id], console=console))
 
 
 async def apply_to(
     rt: Runtime,
     caller: roles.Caller,
+    action: Action,
     *,
     stream: StreamKey,
     dlq_ids: Sequence[str],
-    requeueing: bool,
 ) -> int:
     """Requeue (or delete) the dead letters with these ids, from the console; how many."""
     done = 0
     ids = list(dict.fromkeys(dlq_ids))
     for start in range(0, len(ids), BATCH):
         batch = ids[start : start + BATCH]
-        if requeueing:
-            done += len(await _requeue(rt, caller, stream=stream, dlq_ids=batch, console=True))
-        else:
-            with failures.named_by_request():
-                found = await redis_inspect.dead_letters_by_id(
-                    rt.redis, stream=stream, dlq_ids=batch
-                )
-            done += await _delete(
-                rt, caller, stream=stream, letters=list(found.values()), console=True
-            )
+        done += await _act(rt, caller, action, stream=stream, dlq_ids=batch, console=True)
     return done
 
 
 async def apply_to_matching(
     rt: Runtime,
     caller: roles.Caller,
+    action: Action,
     *,
     stream: StreamKey,
     where: Filter,
-    requeueing: bool,
 ) -> int:
     """Requeue (or delete) every dead letter that matches, from the console; how many."""
     done = 0
     cursor: str | None = None
     while True:
         page, cursor = await find(rt, stream=stream, where=where, before=cursor, count=BATCH)
-        if requeueing:
-            ids = [letter.dlq_id for letter in page]
-            done += len(await _requeue(rt, caller, stream=stream, dlq_ids=ids, console=True))
-        else:
-            done += await _delete(rt, caller, stream=stream, letters=page, console=True)
+        ids = [letter.dlq_id for letter in page]
+        done += await _act(
+            rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=True
+        )
         if cursor is None:
             return done
+
+
+async def _act(
+    rt: Runtime,
+    caller: roles.Caller,
+    action: Action,
+    *,
+    stream: StreamKey,
+    dlq_ids: Sequence[str],
+    letters: Sequence[DeadLetter] | None = None,
+    console: bool,
+) -> int:
+    """One batch requeued or deleted; how many. `letters`: the letters of `dlq_ids`, when the
+    caller has read them already (a delete's rows describe them)."""
+    if action == "requeue":
+        return len(await _requeue(rt, caller, stream=stream, dlq_ids=dlq_ids, console=console))
+    if letters is None:
+        with failures.named_by_request():
+            found = await redis_inspect.dead_letters_by_id(rt.redis, stream=stream, dlq_ids=dlq_ids)
+        letters = list(found.values())
+    return await _delete(rt, caller, stream=stream, letters=letters, console=console)
 
 
 async def _requeue(

@@ -2,47 +2,34 @@
 
 The form names entry ids only; everything else comes from Redis at the time of the move. Each
 selected id is looked up for the owner (`XPENDING <stream> <group> <id> <id> 1 <owner>`,
-pipelined): an id the owner does not hold (acked, moved, or never its own) is left out. Each
-entry the owner holds is judged as the reaper judges it (`reclaim.OwnerRule`): one whose
-deliveries, or recorded attempts, reached RIG_MAX_DELIVERIES is dead-lettered exactly as in
-reaper step 7; the others move with their own guarded `XCLAIM ... JUSTID` whose min-idle is the
-idle time Redis reported just before (never a client's number), so an entry touched in between
-stays where it is. A move reserves a new attempt for the target (the old owner's late reports
-are fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with reason `manual`, and
-writes a RECLAIMED event row.
+pipelined): an id the owner does not hold (acked, moved, or never its own) is left out. The
+entries the owner holds are judged as the reaper judges them, by an owner rule with reason
+`manual` (`reclaim.plan_by_hand`): one whose deliveries, or recorded attempts, reached
+RIG_MAX_DELIVERIES is dead-lettered exactly as in reaper step 7; the others move with their own
+guarded `XCLAIM ... JUSTID` whose min-idle is the idle time Redis reported just before (never a
+client's number), so an entry touched in between stays where it is. The reaper's applier
+(`effects.applier`) carries the plan out: a move reserves a new attempt for the target (the old
+owner's late reports are fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with
+reason `manual`, writes a RECLAIMED event row naming who moved it, and records the move to the
+target (whose idle time it resets: no evidence of life, reaper rule 5).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rig_conductor import logs, roles
-from rig_conductor.adapters import (
-    failures,
-    redis_inspect,
-    redis_reading,
-    redis_streams,
-    redis_sweep,
-)
-from rig_conductor.adapters.postgres import move_targets, queries, work
-from rig_conductor.domain import (
-    DEAD_LETTER_REASON,
-    ConsumerName,
-    GroupName,
-    PendingEntry,
-    StreamKey,
-)
-from rig_conductor.metrics import UNKNOWN_AGENT
+from rig_conductor import roles
+from rig_conductor.adapters import failures, redis_inspect, redis_reading
+from rig_conductor.adapters.postgres import work
+from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
+from rig_conductor.effects import applier as effects
 from rig_conductor.operations import views
 from rig_conductor.policy import reclaim
-from rig_conductor.policy.liveness import Fleet
+from rig_conductor.policy.liveness import Fleet, TargetCandidate
 from rig_conductor.runtime import Runtime
 
-# The reaper's logger: operators filter the [StreamReclaim] lines on it.
-reclaim_log = logging.getLogger("rig_conductor.reaper.cycle")
 audit_log = logging.getLogger("rig_conductor.console")
 
 REASON: reclaim.Reason = "manual"
@@ -88,7 +75,7 @@ async def move(
         raise MoveRefused(f"at most {MAX_ENTRIES} entries per move")
     if target == owner:
         raise MoveRefused("the target is the owner itself")
-    fleet = await _check_target(rt, stream=stream, group=group, target=target)
+    fleet, to = await _check_target(rt, stream=stream, group=group, target=target)
     with failures.named_by_request():
         held = await redis_inspect.held_by(
             rt.redis,
@@ -97,53 +84,19 @@ async def move(
             consumer=ConsumerName(owner),
             ids=ids,
         )
-    evidence = await work.load_work_evidence(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        streams=[stream],
-        worn_at=rt.settings.max_deliveries,
-        deadline_ms=0,
+    plan = await _plan(rt, fleet, to, stream=stream, group=group, owner=owner, held=held)
+    applied = await effects.apply(
+        plan,
+        redis=rt.redis,  # type: ignore[arg-type]
+        journal=effects.Journal(rt.engine, rt.settings.tenant, by=caller.who),
+        metrics=rt.metrics,
     )
-    rule = reclaim.OwnerRule(
-        owner=ConsumerName(owner),
-        agent=fleet.agent_of(ConsumerName(owner)),
-        reason=REASON,
-        min_idle_ms=0,
-        max_deliveries=rt.settings.max_deliveries,
-        worn=evidence.worn.get(stream, {}),
+    result = Moved(
+        len(ids),
+        moved=[str(entry_id) for entry_id in applied.moved],
+        dead_lettered=[str(entry_id) for entry_id in applied.dead_lettered],
+        not_held=[i for i in ids if i not in held],
     )
-    result = Moved(len(ids), not_held=[i for i in ids if i not in held])
-    movable = [entry for entry in held.values() if rule.decide(entry) == "move"]
-    worn = [
-        entry._replace(deliveries=rule.deliveries(entry))
-        for entry in held.values()
-        if rule.decide(entry) == "dead"
-    ]
-    if worn:
-        result.dead_lettered = await _dead_letter(rt, fleet, stream=stream, group=group, worn=worn)
-    if movable:
-        batches = [
-            redis_sweep.ClaimBatch(ConsumerName(target), entry.idle_ms, [entry.id])
-            for entry in movable
-        ]
-        claimed = await redis_sweep.claim(
-            rt.redis,  # type: ignore[arg-type]
-            stream=stream,
-            group=GroupName(group),
-            batches=batches,
-        )
-        result.moved = [str(entry_id) for ids_moved in claimed for entry_id in ids_moved]
-    if result.moved:
-        await _record(
-            rt,
-            caller,
-            fleet,
-            stream=stream,
-            group=group,
-            owner=owner,
-            target=target,
-            ids=result.moved,
-        )
     audit_log.info(
         "[Console] %s moved %d of %d selected entries on %s/%s: %s -> %s "
         "(%d dead-lettered after RIG_MAX_DELIVERIES, %d not held by %s)",
@@ -161,7 +114,42 @@ async def move(
     return result
 
 
-async def _check_target(rt: Runtime, *, stream: StreamKey, group: str, target: str) -> Fleet:
+async def _plan(
+    rt: Runtime,
+    fleet: Fleet,
+    to: TargetCandidate,
+    *,
+    stream: StreamKey,
+    group: str,
+    owner: str,
+    held: Mapping[str, PendingEntry],
+) -> reclaim.ReclaimPlan:
+    """The owner's rule (reason `manual`, its recorded attempts counting towards
+    RIG_MAX_DELIVERIES) applied to the entries it holds: what moves to `to`, what is worn."""
+    evidence = await work.load_work_evidence(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        streams=[stream],
+        worn_at=rt.settings.max_deliveries,
+        deadline_ms=0,
+    )
+    rule = reclaim.OwnerRule(
+        owner=ConsumerName(owner),
+        agent=fleet.agent_of(ConsumerName(owner)),
+        reason=REASON,
+        min_idle_ms=0,
+        max_deliveries=rt.settings.max_deliveries,
+        worn=evidence.worn.get(stream, {}),
+    )
+    assessment = reclaim.GroupAssessment(stream, GroupName(group), {rule.owner: rule}, (to,))
+    return reclaim.plan_by_hand(assessment, list(held.values()), target=to.consumer)
+
+
+async def _check_target(
+    rt: Runtime, *, stream: StreamKey, group: str, target: str
+) -> tuple[Fleet, TargetCandidate]:
+    """The fleet as the evidence shows it now, and `target` as rule 5 ranks it: a consumer of
+    the group that may receive entries, else `MoveRefused`."""
     with failures.named_by_request():
         reading = await redis_reading.read(rt.servers(), [stream])
     found = next((g for g in reading.groups if g.name == group and g.stream == stream), None)
@@ -171,124 +159,7 @@ async def _check_target(rt: Runtime, *, stream: StreamKey, group: str, target: s
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
     fleet = Fleet(await views.evidence(rt), rt.settings.limits)
-    if fleet.target(info, stream=stream, group=found.name) is None:
+    candidate = fleet.target(info, stream=stream, group=found.name)
+    if candidate is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")
-    return fleet
-
-
-async def _dead_letter(
-    rt: Runtime, fleet: Fleet, *, stream: StreamKey, group: str, worn: list[PendingEntry]
-) -> list[str]:
-    """Reaper step 7 for worn-out entries: copied to the DLQ with their diagnostics and acked
-    (guarded like a move), a DEAD_LETTERED row and a `[StreamReclaim] Dead-lettered` line
-    each, the assignment marked dead, the counter raised."""
-    done = await redis_streams.dead_letter(
-        rt.redis, stream=stream, group=GroupName(group), entries=worn, reason=DEAD_LETTER_REASON
-    )
-    dlq_stream = redis_streams.dlq_key(stream, rt.redis)
-    owners = {entry.id: entry.consumer for entry in worn}
-    rows = []
-    for item in done:
-        consumer = owners[item.entry_id]
-        detail = {
-            "deliveries": item.deliveries,
-            "reason": DEAD_LETTER_REASON,
-            "dlqStream": dlq_stream,
-            "dlqId": item.dlq_id,
-        }
-        rows.append(
-            queries.EventRow(
-                "DEAD_LETTERED",
-                agent_id=fleet.agent_of(consumer),
-                consumer=consumer,
-                stream=stream,
-                group_name=group,
-                entry_id=item.entry_id,
-                issue_id=item.issue_id,
-                detail=json.dumps(detail),
-            )
-        )
-        reclaim_log.info(
-            "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
-            item.entry_id,
-            stream,
-            item.deliveries,
-            extra={
-                "entryId": item.entry_id,
-                "stream": stream,
-                "group": group,
-                "consumer": consumer,
-                "deliveries": item.deliveries,
-                "dlqId": item.dlq_id,
-            },
-        )
-    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
-    await work.dead_lettered(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        stream=stream,
-        entries=[(d.entry_id, d.issue_id, d.deliveries) for d in done],
-    )
-    if done:
-        rt.metrics.dead_lettered.labels(stream, group).inc(len(done))
-    return [str(d.entry_id) for d in done]
-
-
-async def _record(
-    rt: Runtime,
-    caller: roles.Caller,
-    fleet: Fleet,
-    *,
-    stream: str,
-    group: str,
-    owner: str,
-    target: str,
-    ids: list[str],
-) -> None:
-    await work.reclaimed(
-        rt.engine, tenant=rt.settings.tenant, stream=stream, consumer=target, entry_ids=ids
-    )
-    await move_targets.record(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        targets=[(StreamKey(stream), GroupName(group), ConsumerName(target))],
-    )
-    from_agent = fleet.agent_of(ConsumerName(owner))
-    to_agent = fleet.agent_of(ConsumerName(target))
-    detail = {
-        "toConsumer": target,
-        "toAgent": to_agent,
-        "reason": REASON,
-        "by": caller.who,
-        "count": len(ids),
-    }
-    await queries.append_events(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        rows=[
-            queries.EventRow(
-                "RECLAIMED",
-                agent_id=from_agent,
-                consumer=owner,
-                stream=stream,
-                group_name=group,
-                detail=json.dumps(detail),
-                entry_ids="{" + ",".join(ids) + "}",
-            )
-        ],
-    )
-    rt.metrics.reclaimed.labels(
-        stream, group, from_agent or UNKNOWN_AGENT, to_agent or UNKNOWN_AGENT, REASON
-    ).inc(len(ids))
-    common = {
-        "stream": stream,
-        "group": group,
-        "fromConsumer": owner,
-        "toConsumer": target,
-        "fromAgent": from_agent,
-        "toAgent": to_agent,
-        "reason": REASON,
-        "by": caller.who,
-    }
-    lines = logs.Lines.filled(logs.RECLAIMED, "entryId", ids, common)
-    logs.log_lines(reclaim_log, logging.INFO, lines)
+    return fleet, candidate

@@ -4,14 +4,16 @@ Pure: stdlib and domain only. Three parts:
 1. `assess_group` judges every consumer that holds entries, from XINFO and the fleet's evidence
    alone: down (rule 3), degraded-stale (3b), or alive with entries that may have stalled (4b).
    Each owner it acts on gets an `OwnerRule`; every eligible target is ranked (rule 5).
-2. `OwnerRule.decide` sorts one pending entry: move, dead-letter or leave (rules 4, 4b, 7).
+2. `OwnerRule.partition` splits an owner's pending entries: move, dead-letter or leave (rules
+   4, 4b, 7).
 3. `Spread` water-fills the entries to move across the targets by their pending counts,
    counting what the scan already gave each (rule 5): spread, do not pile.
 
 `plan_pages` applies all three to pending entries, owner by owner, and cuts the moves into
 claims: the reaper calls it on the pages of the owners' pending lists it reads, with one
 `Spread` for the whole scan of the group. `plan_reclaims` does the same for entries of any
-owners in any order (the tests' whole lists).
+owners in any order (the tests' whole lists). `plan_by_hand` is an operator's move: the same
+owner rules, one chosen target.
 """
 
 from __future__ import annotations
@@ -66,11 +68,7 @@ class OwnerRule:
     down_reasons: tuple[DownReason, ...] = ()
     last_heartbeat_at: datetime | None = None
 
-    def decide(self, entry: PendingEntry) -> Literal["move", "dead", "leave"]:
-        move, dead = self.sort((entry,))
-        return "move" if move else "dead" if dead else "leave"
-
-    def sort(
+    def partition(
         self, entries: Iterable[PendingEntry]
     ) -> tuple[list[PendingEntry], list[PendingEntry]]:
         """The owner's `entries` that move, and those worn out (each with the count that
@@ -78,7 +76,7 @@ class OwnerRule:
         over a page, as the scan reads them."""
         due, keep, worn = self.due, self.keep, self.worn
         if not (due or keep or worn):
-            return self._sort_by_count(entries)
+            return self._partition_by_count(entries)
         min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
         move: list[PendingEntry] = []
         dead: list[PendingEntry] = []
@@ -92,12 +90,12 @@ class OwnerRule:
                 move.append(entry)
         return move, dead
 
-    def _sort_by_count(
+    def _partition_by_count(
         self, entries: Iterable[PendingEntry]
     ) -> tuple[list[PendingEntry], list[PendingEntry]]:
-        """`sort` for an owner without per-entry evidence (a down owner): its idle time and
+        """`partition` for an owner without per-entry evidence (a down owner): its idle time and
         delivery count decide. Two passes in comprehensions, not a loop: a page of a thousand
-        entries is sorted for every thousand a scan moves."""
+        entries is partitioned for every thousand a scan moves."""
         page = entries if isinstance(entries, Sequence) else list(entries)
         min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
         dead = [e for e in page if e.deliveries >= max_deliveries and e.idle_ms >= min_idle]
@@ -427,7 +425,7 @@ def plan_pages(
         rule = rules.get(owner)
         if rule is None or not page:
             continue
-        movable, worn = rule.sort(page)
+        movable, worn = rule.partition(page)
         dead.extend(worn)
         if movable:
             pools.setdefault(spread.pool_key(rule), []).append((owner, movable))
@@ -439,3 +437,19 @@ def plan_pages(
         if not stretches:
             stuck.extend(e for _, items in runs for e in items)
     return ReclaimPlan(assessment, tuple(claims), tuple(dead), tuple(stuck))
+
+
+def plan_by_hand(
+    assessment: GroupAssessment, entries: Sequence[PendingEntry], *, target: ConsumerName
+) -> ReclaimPlan:
+    """An operator's move of `entries` to `target` (the console): each owner's rule (reason
+    `manual`) says which move and which are worn out (rule 7). Each entry that moves is a claim
+    of its own, guarded by the idle time seen for it, so an entry touched since the operator's
+    look stays where it is whatever the others' idle times."""
+    claims: list[Claim] = []
+    dead: list[PendingEntry] = []
+    for owner, rule in assessment.rules.items():
+        movable, worn = rule.partition([e for e in entries if e.consumer == owner])
+        claims.extend(Claim(owner, target, (entry,)) for entry in movable)
+        dead.extend(worn)
+    return ReclaimPlan(assessment, tuple(claims), tuple(dead), ())

@@ -2,8 +2,9 @@
 
 The decisions are `policy.reclaim`'s: which owners the scan acts on and why (down, degraded,
 stalled), their entry rules and the spread over the targets. This module moves data between the
-adapters and the policy, has `moves.sweep_group` apply the rules where the pending lists live,
-writes the `[StreamReclaim]` log lines and records what it did in the event log.
+adapters and the policy and has `moves.sweep_group` plan where the pending lists live; the
+effects (the moves, the dead letters, the `[StreamReclaim]` lines, the event log, the counters)
+are the applier's (`effects.applier`), a `DryRun` one in a dry run.
 """
 
 from __future__ import annotations
@@ -21,22 +22,14 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters import redis_client
 from rig_conductor.adapters import redis_reading as reading
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import Topology, node_for
-from rig_conductor.domain import (
-    DEAD_LETTER_REASON,
-    UNKNOWN_AGENT,
-    ConsumerName,
-    Evidence,
-    GroupInfo,
-    Limits,
-    PendingEntry,
-    PodState,
-)
+from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState
+from rig_conductor.effects import applier as effects
 from rig_conductor.policy import liveness, reclaim, registry
-from rig_conductor.reaper import cleanup, journal, moves, observe, redis_loss, redispatch
+from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
 
@@ -74,10 +67,6 @@ async def reap_once(
     `probe`, consumers holding entries that `pods` says nothing about are looked up by name
     (`pods_listed`: `pods` come from a successful list, so a pod they do not name is missing);
     with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
-
-    Redis's groups and consumers are read once (one XINFO pass per node) and the heartbeats
-    once: the moves, the dead letters, the gauges, the detector and the clean-up all work from
-    that reading, the counts corrected by what the scan itself moved.
     """
     started = time.perf_counter()
     limits = settings.limits
@@ -89,10 +78,9 @@ async def reap_once(
     with report.timing("read"):
         read_at = await queries.clock(engine)
         world = await reading.read(topology, settings.streams)
-    groups = world.groups
     if probe is not None:
         with report.timing("pods"):
-            pods = {**(pods or {}), **await probe(_unexplained(groups, pods or {}))}
+            pods = {**(pods or {}), **await probe(_unexplained(world.groups, pods or {}))}
     with report.timing("evidence"):
         evidence = await queries.load_evidence(
             engine,
@@ -110,42 +98,9 @@ async def reap_once(
             worn_at=limits.max_deliveries,
             deadline_ms=limits.entry_deadline_ms,
         )
-    fleet = liveness.Fleet(evidence, limits)
-    report.blind_ms = fleet.blind_ms
-    report.streams = len(world.streams)
-    scan = _Scan(report, fleet, work_evidence, topology, engine, settings, metrics)
-    # Plan and apply, every node at once.
-    outcomes = await asyncio.gather(
-        *(scan.node(node_reading) for node_reading in world.nodes), return_exceptions=True
-    )
-    for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
-        if isinstance(outcome, BaseException):
-            if not topology.clustered or isinstance(outcome, asyncio.CancelledError):
-                raise outcome
-            world.fail(node_reading.node.name, outcome)
-            topology.stale = True
-    report.nodes_failed = sorted(world.failed)
-    if metrics is not None:
-        for node in world.failed:
-            metrics.node_errors.labels(node).inc()
-    # Report.
-    if not report.dry_run:
-        # Gauges, the detector and the clean-up describe what is left after the moves.
-        groups = _after_moves(groups, report.groups_detail)
-    if hygiene and pods and not report.dry_run:
-        with report.timing("cleanup"):
-            await _remove_consumers(world, groups, evidence, limits)
-    with report.timing("forget"):
-        await _forget(report, world, groups, fleet, engine=engine, settings=settings)
-    with report.timing("observe"):
-        report.consumers_without_heartbeat = await observe.observe(
-            groups=groups,
-            fleet=fleet,
-            engine=engine,
-            tenant=settings.tenant,
-            metrics=metrics,
-            watch=detector,
-        )
+    scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics)
+    await scan.every_node(world)  # plan and apply
+    await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     if not isinstance(redis, Topology):
         await topology.aclose()
@@ -175,12 +130,12 @@ async def _redispatch(
 
 
 class _Scan:
-    """The plan-and-apply step of one scan, run on each node's groups."""
+    """The plan-and-apply step of one scan, run on each node's groups, and what follows it."""
 
     def __init__(
         self,
         report: ScanReport,
-        fleet: liveness.Fleet,
+        evidence: Evidence,
         work_evidence: work.WorkEvidence,
         topology: Topology,
         engine: AsyncEngine,
@@ -188,12 +143,56 @@ class _Scan:
         metrics: Metrics | None,
     ) -> None:
         self.report = report
-        self.fleet = fleet
+        self.evidence = evidence
+        self.fleet = liveness.Fleet(evidence, settings.limits)
+        report.blind_ms = self.fleet.blind_ms
         self.work_evidence = work_evidence
         self.topology = topology
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
+
+    async def every_node(self, world: reading.Reading) -> None:
+        """Plan and apply on every node at once; a node that fails is left out on a cluster
+        (`Reading.go_on_without`), and counted."""
+        self.report.streams = len(world.streams)
+        outcomes = await asyncio.gather(
+            *(self.node(node_reading) for node_reading in world.nodes), return_exceptions=True
+        )
+        for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                world.go_on_without(self.topology, node_reading.node.name, outcome)
+        self.report.nodes_failed = sorted(world.failed)
+        if self.metrics is not None:
+            for node in world.failed:
+                self.metrics.node_errors.labels(node).inc()
+
+    async def after(
+        self, world: reading.Reading, *, detector: observe.Detector | None, hygiene: bool
+    ) -> None:
+        """What follows the moves: the clean-up, the registry, the gauges and the detector.
+
+        Redis's groups and consumers were read once (one XINFO pass per node) and the
+        heartbeats once: the moves, the dead letters and all of this work from that reading,
+        the counts corrected by what the scan itself moved (none in a dry run).
+        """
+        report, groups, settings = self.report, world.groups, self.settings
+        if not report.dry_run:
+            groups = _after_moves(groups, report.groups_detail)
+        if hygiene and not report.dry_run:
+            with report.timing("cleanup"):
+                await _remove_consumers(world, groups, self.evidence, settings.limits)
+        with report.timing("forget"):
+            await _forget(report, world, groups, self.fleet, engine=self.engine, settings=settings)
+        with report.timing("observe"):
+            report.consumers_without_heartbeat = await observe.observe(
+                groups=groups,
+                fleet=self.fleet,
+                engine=self.engine,
+                tenant=settings.tenant,
+                metrics=self.metrics,
+                watch=detector,
+            )
 
     async def node(self, node_reading: reading.NodeReading) -> None:
         report = self.report
@@ -213,15 +212,14 @@ class _Scan:
             ) + len(assessment.held)
             if not (assessment.rules or assessment.held):
                 continue
-            # Apply.
-            try:
-                outcome = await self._apply(assessment, node_reading.node.client)
-            except reading.SLOT_MOVED:
-                # The stream's slot moved since the scan read it: nothing moved (every move is
-                # guarded where the stream lives); one retry where it lives now.
-                await self.topology.refresh()
-                node = await node_for(self.topology, group.stream)
-                outcome = await self._apply(assessment, node.client)
+            # Apply. A slot that moved since the scan read it moved nothing (every move is
+            # guarded where the stream lives): one retry where it lives now.
+            outcome = await redis_client.on_owner(
+                self.topology,
+                group.stream,
+                functools.partial(self._apply, assessment),
+                client=node_reading.node.client,
+            )
             if (
                 outcome.reclaimed
                 or outcome.dead_lettered
@@ -231,14 +229,19 @@ class _Scan:
                 report.add(outcome)
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
-        return await _apply(
+        applier = effects.for_group(
             assessment,
             redis=client,
-            engine=self.engine,
-            tenant=self.settings.tenant,
-            report=self.report,
+            journal=effects.Journal(self.engine, self.settings.tenant),
             metrics=self.metrics,
+            dry_run=self.report.dry_run,
+            timing=self.report.timing,
         )
+        try:
+            await moves.sweep_group(applier)
+        finally:
+            await applier.flush()  # what moved is in the event log, even when the sweep failed
+        return await applier.finish()
 
 
 async def _remove_consumers(
@@ -282,144 +285,6 @@ def _unexplained(
     """Consumers holding entries whose pod the pod evidence says nothing about."""
     found = {c.name for g in groups for c in g.consumers if c.pending and c.name not in pods}
     return sorted(found)
-
-
-async def _apply(
-    assessment: reclaim.GroupAssessment,
-    *,
-    redis: Redis,
-    engine: AsyncEngine,
-    tenant: str,
-    report: ScanReport,
-    metrics: Metrics | None,
-) -> GroupOutcome:
-    if report.dry_run:
-        swept = await moves.sweep_group(
-            redis,
-            assessment,
-            dry_run=True,
-            timing=report.timing,
-            on_moved=functools.partial(journal.log_would_move, assessment),
-        )
-        outcome = _outcome(assessment, swept)
-        journal.log_held(assessment)
-        journal.log_no_target(assessment, swept.no_target)
-        outcome.dead_lettered = len(swept.worn)
-        journal.log_would_dead_letter(assessment, swept.worn)
-        return outcome
-    # The moves are logged and recorded as they happen, and recorded even when the sweep
-    # fails half-way: what moved must be in the event log.
-    recorder = journal.Recorder(assessment, engine=engine, tenant=tenant, timing=report.timing)
-    try:
-        swept = await moves.sweep_group(
-            redis, assessment, dry_run=False, timing=report.timing, on_moved=recorder.moved
-        )
-    finally:
-        await recorder.close()
-    outcome = _outcome(assessment, swept)
-    journal.log_held(assessment)
-    journal.log_no_target(assessment, swept.no_target)
-    if swept.worn:
-        with report.timing("deadLetter"):
-            dead = await _dead_letter(assessment, swept.worn, redis=redis)
-            outcome.dead_lettered = len(dead)
-            owners = {entry.id: entry.consumer for entry in swept.worn}
-            for item in dead:
-                outcome.changes[owners[item.entry_id]] -= 1
-            outcome.skipped += len(swept.worn) - len(dead)
-            await _record_dead_letters(assessment, swept.worn, dead, redis, engine, tenant)
-    if swept.skipped:
-        logger.info(
-            "[StreamReclaim] Left %d entries on %s/%s: trimmed from the stream or touched since "
-            "the scan looked",
-            swept.skipped,
-            assessment.stream,
-            assessment.group,
-        )
-    if metrics is not None:
-        _count(assessment, swept, outcome, metrics)
-    return outcome
-
-
-def _count(
-    assessment: reclaim.GroupAssessment,
-    swept: moves.GroupSweep,
-    outcome: GroupOutcome,
-    metrics: Metrics,
-) -> None:
-    stream, group = assessment.stream, assessment.group
-    agents = {t.consumer: t.agent for t in assessment.targets}
-    for (owner, target), count in swept.moved.items():
-        rule = assessment.rules[owner]
-        metrics.reclaimed.labels(
-            stream,
-            group,
-            rule.agent or UNKNOWN_AGENT,
-            agents.get(target) or UNKNOWN_AGENT,
-            rule.reason,
-        ).inc(count)
-    if outcome.dead_lettered:
-        metrics.dead_lettered.labels(stream, group).inc(outcome.dead_lettered)
-    if outcome.no_target:
-        metrics.no_target.labels(stream, group).inc(outcome.no_target)
-
-
-def _outcome(assessment: reclaim.GroupAssessment, swept: moves.GroupSweep) -> GroupOutcome:
-    outcome = GroupOutcome(stream=assessment.stream, group=assessment.group)
-    by_reason = outcome.reclaimed_by_reason
-    for (owner, target), count in swept.moved.items():
-        reason = assessment.rules[owner].reason
-        outcome.targets[target] = outcome.targets.get(target, 0) + count
-        by_reason[reason] = by_reason.get(reason, 0) + count
-        outcome.changes[owner] -= count
-        outcome.changes[target] += count
-    outcome.reclaimed = swept.reclaimed
-    outcome.no_target = sum(swept.no_target.values())
-    outcome.degraded_held = sum(assessment.held.values())
-    outcome.skipped = swept.skipped
-    return outcome
-
-
-async def _dead_letter(
-    assessment: reclaim.GroupAssessment, worn: list[PendingEntry], *, redis: Redis
-) -> list[redis_streams.DeadLettered]:
-    stream, group = assessment.stream, assessment.group
-    done = await redis_streams.dead_letter(
-        redis, stream=stream, group=group, entries=worn, reason=DEAD_LETTER_REASON
-    )
-    owners = {entry.id: entry.consumer for entry in worn}
-    for item in done:
-        logger.info(
-            "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
-            item.entry_id,
-            stream,
-            item.deliveries,
-            extra={
-                "entryId": item.entry_id,
-                "stream": stream,
-                "group": group,
-                "consumer": owners[item.entry_id],
-                "deliveries": item.deliveries,
-                "dlqId": item.dlq_id,
-            },
-        )
-    return done
-
-
-async def _record_dead_letters(
-    assessment: reclaim.GroupAssessment,
-    worn: list[PendingEntry],
-    dead: list[redis_streams.DeadLettered],
-    redis: Redis,
-    engine: AsyncEngine,
-    tenant: str,
-) -> None:
-    """A DEAD_LETTERED row per dead letter, and its assignment marked dead."""
-    dlq_stream = redis_streams.dlq_key(assessment.stream, redis)
-    rows = journal.dead_letter_rows(assessment, worn, dead, dlq_stream)
-    await queries.append_events(engine, tenant=tenant, rows=rows)
-    entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
-    await work.dead_lettered(engine, tenant=tenant, stream=assessment.stream, entries=entries)
 
 
 async def _forget(

@@ -1,30 +1,25 @@
 """The moves of one group: pages of the owners' pending lists read, planned by the policy and
-claimed, with several pieces of work in flight at once.
+handed to the applier, with several pieces of work in flight at once.
 
 The acting owners are cut into chunks of about `CHUNK` entries a page. A chunk is one round trip
 that reads the next page of each of its owners (`redis_sweep.read_pages`), the policy's plan for
 those entries (`reclaim.plan_pages`, with the group's one `Spread`, so what earlier chunks gave
-each target counts), and one round trip of guarded XCLAIMs. As soon as a chunk's pages are read,
-the chunk of their next pages is queued, so `LANES` lanes keep Redis busy with one chunk while
-this process plans another. What moved goes to `on_moved` as it moves, so the caller logs and
-records it meanwhile. The cycle collector is paused for the sweep (`gcpolicy.paused`). Decides
-nothing itself.
+each target counts), and the applier's one round trip of guarded XCLAIMs (`effects.applier`,
+which logs and records what moved meanwhile). As soon as a chunk's pages are read, the chunk of
+their next pages is queued, so `LANES` lanes keep Redis busy with one chunk while this process
+plans another. The cycle collector is paused for the sweep (`gcpolicy.paused`). Decides nothing
+itself, and moves nothing itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-
-from redis.asyncio import Redis
 
 from rig_conductor import gcpolicy
 from rig_conductor.adapters import redis_sweep
 from rig_conductor.adapters.redis_sweep import PageRequest
-from rig_conductor.domain import ConsumerName, EntryId, PendingEntry
+from rig_conductor.domain import ConsumerName
+from rig_conductor.effects import applier as effects
 from rig_conductor.policy import reclaim
 
 # Chunks in flight: Redis claims one while this process plans the next and the pages of a third
@@ -33,54 +28,20 @@ LANES = 3
 CHUNK = 16_000  # entries a chunk reads and claims at most: some 50 ms of Redis time
 MAX_PAGE = 10_000  # entries per owner and read, when few owners make a chunk
 
-Timing = Callable[[str], AbstractContextManager[None]]
-# (owner, target, ids): entries that have just moved from owner to target.
-Moved = Callable[[ConsumerName, ConsumerName, list[EntryId]], None]
 Unit = dict[ConsumerName, PageRequest]
 
 
-@dataclass
-class GroupSweep:
-    """What the moves of one group did (in a dry run: would do)."""
+async def sweep_group(applier: effects.Applier, *, page_size: int | None = None) -> None:
+    """Apply every owner rule of the applier's group to its whole pending list, read with the
+    applier's client; the applier's `timing` also times the reads (`read`).
 
-    # (owner, target) -> how many entries moved from one to the other (`on_moved` hears which).
-    moved: dict[tuple[ConsumerName, ConsumerName], int] = field(default_factory=dict)
-    # Qualifying entries worn out, with the count that decided it: for the dead-letter path.
-    worn: list[PendingEntry] = field(default_factory=list)
-    # Per owner, qualifying entries left in place because no target could take them.
-    no_target: dict[ConsumerName, int] = field(default_factory=dict)
-    # Entries chosen for a move but left by the guard: acked, re-read or trimmed meanwhile.
-    skipped: int = 0
-
-    @property
-    def reclaimed(self) -> int:
-        return sum(self.moved.values())
-
-
-def _no_timing(phase: str) -> AbstractContextManager[None]:
-    return contextlib.nullcontext()
-
-
-async def sweep_group(
-    redis: Redis,
-    assessment: reclaim.GroupAssessment,
-    *,
-    dry_run: bool,
-    page_size: int | None = None,
-    timing: Timing = _no_timing,
-    on_moved: Moved | None = None,
-) -> GroupSweep:
-    """Apply every owner rule of `assessment` to its whole pending list.
-
-    `timing(phase)` wraps the Redis work of each phase (`read`, `claim`) for the scan report;
-    `on_moved` hears of every stretch of entries that moved (in a dry run: would move). The first
-    failure ends the sweep once the work in flight is done, and is raised; what moved before
-    it has been handed to `on_moved`.
+    The first failure ends the sweep once the work in flight is done, and is raised; what moved
+    before it is with the applier (`flush` records it).
     """
-    rules = assessment.rules
+    rules = applier.assessment.rules
     if page_size is None:
         page_size = max(redis_sweep.PAGE, min(MAX_PAGE, CHUNK // max(1, len(rules))))
-    sweep = _Sweep(redis, assessment, dry_run, page_size, timing, on_moved)
+    sweep = _Sweep(applier, page_size)
     owners = list(rules)
     per_chunk = max(1, CHUNK // page_size)
     for start in range(0, len(owners), per_chunk):
@@ -96,27 +57,13 @@ async def sweep_group(
             await asyncio.gather(*lanes, return_exceptions=True)
     if sweep.failures:
         raise sweep.failures[0]
-    return sweep.result
 
 
 class _Sweep:
-    def __init__(
-        self,
-        redis: Redis,
-        assessment: reclaim.GroupAssessment,
-        dry_run: bool,
-        page_size: int,
-        timing: Timing,
-        on_moved: Moved | None,
-    ) -> None:
-        self.redis = redis
-        self.assessment = assessment
-        self.dry_run = dry_run
+    def __init__(self, applier: effects.Applier, page_size: int) -> None:
+        self.applier = applier
         self.page_size = page_size
-        self.timing = timing
-        self.on_moved = on_moved
-        self.spread = assessment.spread()
-        self.result = GroupSweep()
+        self.spread = applier.assessment.spread()
         self.work: asyncio.Queue[Unit] = asyncio.Queue()
         self.failures: list[Exception] = []
 
@@ -132,11 +79,16 @@ class _Sweep:
                 self.work.task_done()
 
     async def step(self, unit: Unit) -> None:
-        """Read one chunk's pages, queue the chunk of their next pages, plan and claim."""
-        stream, group = self.assessment.stream, self.assessment.group
-        with self.timing("read"):
+        """Read one chunk's pages, queue the chunk of their next pages, plan and apply."""
+        applier = self.applier
+        assessment = applier.assessment
+        with applier.timing("read"):
             pages = await redis_sweep.read_pages(
-                self.redis, stream=stream, group=group, pages=unit, count=self.page_size
+                applier.redis,
+                stream=assessment.stream,
+                group=assessment.group,
+                pages=unit,
+                count=self.page_size,
             )
         follow = {
             owner: PageRequest(unit[owner].min_idle_ms, page.next_start)
@@ -146,28 +98,7 @@ class _Sweep:
         if follow:
             self.work.put_nowait(follow)
         entries = {owner: page.entries for owner, page in pages.items()}
-        plan = reclaim.plan_pages(self.assessment, entries, spread=self.spread)
-        result = self.result
-        result.worn.extend(plan.dead_letters)
-        for entry in plan.no_target:
-            result.no_target[entry.consumer] = result.no_target.get(entry.consumer, 0) + 1
-        batches = [
-            redis_sweep.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
-            for claim in plan.claims
-        ]
-        if self.dry_run:
-            claimed = [list(batch.ids) for batch in batches]
-        else:
-            with self.timing("claim"):
-                claimed = await redis_sweep.claim(
-                    self.redis, stream=stream, group=group, batches=batches
-                )
-        for claim, batch, ids in zip(plan.claims, batches, claimed, strict=True):
-            left = len(batch.ids) - len(ids)
-            self.spread.took(claim.target, -left)  # the guard left these where they were
-            result.skipped += left
-            if ids:
-                key = (claim.owner, claim.target)
-                result.moved[key] = result.moved.get(key, 0) + len(ids)
-                if self.on_moved is not None:
-                    self.on_moved(claim.owner, claim.target, ids)
+        plan = reclaim.plan_pages(assessment, entries, spread=self.spread)
+        claimed = await applier.apply(plan)
+        for claim, ids in zip(plan.claims, claimed, strict=True):
+            self.spread.took(claim.target, len(ids) - len(claim.entries))  # the guard kept these

@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rig_conductor import roles
-from rig_conductor.adapters import redis_reading, redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import node_for
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
-from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
-from rig_conductor.operations import reports
+from rig_conductor.domain import AgentId, ConsumerName
+from rig_conductor.operations import dispatch, reports
 
 logger = logging.getLogger(__name__)
-# How long a dispatch waits for RIG_REDIS_WAIT_REPLICAS replicas before answering 503.
-WAIT_TIMEOUT_MS = 5_000
 # Every heartbeat gets the same answer: encoded once.
 _ACCEPTED = json.dumps(schemas.Accepted().model_dump(by_alias=True)).encode()
 
@@ -104,81 +99,20 @@ async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
 
 
 async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONResponse:
-    """Append first, atomically and at most once per key (in Redis, beside the stream); then
-    record it in PostgreSQL, also at most once. A crash or an outage between the two leaves the
-    record for the retry to complete, never a second entry. With RIG_REDIS_WAIT_REPLICAS, the
-    answer waits until that many replicas hold the entry."""
-    stream = StreamKey(rt.settings.dispatch_stream)
-    key = event.idempotency_key or event.issue_id
-    fields = {
-        "type": "ISSUE_ASSIGNED",
-        "issueId": event.issue_id,
-        "agentId": event.agent_id,
-        "payload": json.dumps(event.payload, separators=(",", ":")),
-        "assignedAt": datetime.now(UTC).isoformat(),
-    }
-    remember_s = rt.settings.event_retention_days * 86_400
-    wanted = rt.settings.redis_wait_replicas
-    acked = wanted
-    if wanted:
-        entry_id, appended, acked = await _append_replicated(rt, stream, key, fields, remember_s)
-    else:
-        entry_id, appended = await redis_streams.append_once(
-            rt.redis, stream=stream, key=key, fields=fields, remember_s=remember_s
-        )
-    await work.record_dispatch(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        key=key,
-        issue_id=event.issue_id,
-        agent_id=event.agent_id,
-        stream=stream,
-        entry_id=entry_id,
-        fields=fields,
+    """The dispatch (`operations.dispatch`) as HTTP: 201 appended, 200 a repeat of a key, 503
+    when fewer replicas than RIG_REDIS_WAIT_REPLICAS hold the entry."""
+    issue = dispatch.Assignment(
+        event.issue_id, event.agent_id, event.payload, event.idempotency_key
     )
-    if appended:
-        rt.metrics.dispatched.labels(stream).inc()
-        logger.info("Dispatched %s to %s as %s", event.issue_id, stream, entry_id)
-    if acked < wanted:
-        logger.warning(
-            "Dispatch %s appended as %s, but %d of %d replicas acknowledged it within %d ms",
-            event.issue_id,
-            entry_id,
-            acked,
-            wanted,
-            WAIT_TIMEOUT_MS,
-        )
+    done = await dispatch.dispatch(rt, issue)
+    if done.under_replicated:
         detail = (
-            f"appended as {entry_id}, but only {acked} of {wanted} replicas hold it; a failover "
-            "now could lose it. Retry with the same idempotency key."
+            f"appended as {done.entry_id}, but only {done.acked} of {done.wanted} replicas hold "
+            "it; a failover now could lose it. Retry with the same idempotency key."
         )
         return JSONResponse({"detail": detail}, status_code=503, headers={"Retry-After": "1"})
-    body = schemas.DispatchResult(stream=stream, entry_id=entry_id)
-    return JSONResponse(body.model_dump(by_alias=True), status_code=201 if appended else 200)
-
-
-async def _append_replicated(
-    rt: Runtime, stream: StreamKey, key: str, fields: dict[str, str], remember_s: int
-) -> tuple[EntryId, bool, int]:
-    """The append and its WAIT on one connection to the stream's server. On a cluster whose
-    slot map is stale, the append (idempotent) is tried again on the new owner, once."""
-    for attempt in (1, 2):
-        node = await node_for(rt.servers(), stream)
-        try:
-            return await redis_streams.append_once_replicated(
-                node.client,
-                stream=stream,
-                key=key,
-                fields=fields,
-                remember_s=remember_s,
-                replicas=rt.settings.redis_wait_replicas,
-                timeout_ms=WAIT_TIMEOUT_MS,
-            )
-        except redis_reading.SLOT_MOVED:
-            if attempt == 2:
-                raise
-            await rt.servers().refresh()
-    raise AssertionError("unreachable")
+    body = schemas.DispatchResult(stream=done.stream, entry_id=done.entry_id)
+    return JSONResponse(body.model_dump(by_alias=True), status_code=201 if done.appended else 200)
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
