@@ -124,6 +124,11 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     await expect(row).to_have_class(re.compile("bad"), timeout=15_000)
     await expect(row.locator("td").nth(6)).to_have_text(str(len(held)))
     await expect(page.locator("#plot canvas")).to_have_count(1)
+    # A few scans' points: the time axis spans minutes, not the years uPlot picks by itself.
+    low, high = await page.evaluate(
+        "() => { const s = document.getElementById('plot').uplot.scales.x; return [s.min, s.max]; }"
+    )
+    assert 0 < high - low <= 3_600
     await page.screenshot(path=screenshots / "overview.png", full_page=True)
 
     # Group: the victim is plainly down, with its pending count.

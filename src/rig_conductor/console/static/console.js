@@ -42,6 +42,8 @@
     return [data.t, data.pending, data.reclaimed, data.deadLettered];
   }
 
+  var MIN_SPAN_S = 600;
+
   function draw() {
     var target = document.getElementById("plot");
     var data = series();
@@ -60,8 +62,24 @@
         { label: "reclaimed", stroke: "#16a34a", width: 2 },
         { label: "dead-lettered", stroke: "#dc2626", width: 2 }
       ],
+      scales: {
+        // uPlot spreads a lone point (or two close ones) over years: show at least the last
+        // ten minutes up to the newest point instead, and counts from zero.
+        x: {
+          time: true,
+          range: function (u, min, max) {
+            return max - min < MIN_SPAN_S ? [max - MIN_SPAN_S, max + 30] : [min, max];
+          }
+        },
+        y: {
+          range: function (u, min, max) {
+            return [0, Math.max(1, Math.ceil((max || 0) * 1.1))];
+          }
+        }
+      },
       axes: [{}, { size: 60 }]
     }, data, target);
+    target.uplot = plot; // the scales, for whoever inspects the page (the browser tests do)
     window.addEventListener("resize", function () {
       plot.setSize({ width: Math.max(320, target.clientWidth), height: 220 });
     });
