@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.postgres.tables import consumer_heartbeats, events
 from tests.integration.helpers import serve, wait_for
 
 from .fleet import (
@@ -43,13 +43,12 @@ HANDLING_S = 4.0
 
 
 async def first_degraded_heartbeat(engine: AsyncEngine, consumer: str) -> object:
-    query = select(events.c.occurred_at).where(
-        events.c.kind == "HEARTBEAT",
-        events.c.consumer == consumer,
-        events.c.detail["degraded"].as_boolean(),
+    """The receipt of the first heartbeat of the consumer's degraded run (rule 3b's clock)."""
+    query = select(consumer_heartbeats.c.degraded_since).where(
+        consumer_heartbeats.c.consumer == consumer
     )
     async with engine.connect() as conn:
-        return (await conn.execute(query.order_by(events.c.id).limit(1))).scalar_one()
+        return (await conn.execute(query)).scalar_one()
 
 
 async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
