@@ -58,7 +58,8 @@ bench: install
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/console.py
 
-## Chaos soak: agents SIGKILLed, the conductor restarted; exit 1 on lost or doubled work.
+## Chaos soak on servers of its own: agents SIGKILLed, conductors restarted and stopped, PostgreSQL
+## stopped, Redis restarted empty; exit 1 on lost or doubled work or a live agent reclaimed.
 chaos: install
 	$(BIN)/python bench/chaos.py
 

@@ -106,12 +106,16 @@ def create_app(
         try:
             yield
         finally:
+            # The server takes no more requests once its shutdown reaches here, so this
+            # replica stops marking itself as listening first: a scan still running may take
+            # seconds to finish, and that time must count as blind (reaper rule 3), not as
+            # time in which the agents' heartbeats could have landed.
+            await heartbeats.stop()
             if pods is not None:
                 await pods.follow(False)
             await reaper.stop()
             if elector is not None:
                 await elector.stop()  # hands leadership over at once
-            await heartbeats.stop()
             await topology.aclose()
             await redis.aclose()
             await engine.dispose()

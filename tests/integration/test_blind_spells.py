@@ -3,7 +3,10 @@ when a conductor hears again, and a scan that does not count the spell as the ag
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+import uuid
 from collections.abc import Callable
 
 import pytest
@@ -13,8 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
+from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, Span
-from rig_conductor.reaper import cycle
+from rig_conductor.reaper import cycle, schedule
 from rig_conductor.settings import Settings
 
 from .helpers import fill, owners, read, register, wait_for
@@ -173,3 +177,40 @@ async def heartbeats(engine: AsyncEngine, ages: dict[str, str]) -> None:
                 ),
                 {"agent": agent, "age": age},
             )
+
+
+async def test_a_stopping_conductor_is_deaf_while_it_drains_its_scan(
+    engine: AsyncEngine,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once shutdown begins the server takes no request, so the replica's listening marks stop
+    then, not after the scan it waits for (seconds, under load): that wait is a blind spell."""
+    tenant = f"stopping-{uuid.uuid4().hex[:8]}"
+    settings = make_settings(tenant=tenant, streams=(S,), agent_down_ms=3_000, startup_delay_s=3600)
+    draining: list[float] = []
+    stop = schedule.ReaperService.stop
+
+    async def slow_stop(self: schedule.ReaperService) -> None:
+        draining.append(time.time())
+        await asyncio.sleep(2)  # a scan still running
+        await stop(self)
+
+    monkeypatch.setattr(schedule.ReaperService, "stop", slow_stop)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        await wait_for(lambda: _listened(engine, tenant), within=20)
+    async with engine.connect() as conn:
+        last = await conn.scalar(
+            text("SELECT extract(epoch FROM max(heard_to)) FROM listening WHERE tenant = :t"),
+            {"t": tenant},
+        )
+    assert draining and float(last) < draining[0] + 0.2  # not marked during the 2 s drain
+
+
+async def _listened(engine: AsyncEngine, tenant: str) -> bool:
+    async with engine.connect() as conn:
+        found = await conn.scalar(
+            text("SELECT count(*) FROM listening WHERE tenant = :t"), {"t": tenant}
+        )
+    return bool(found)

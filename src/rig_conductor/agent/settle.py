@@ -126,12 +126,15 @@ class Settler:
         except ConductorRejected as exc:
             await self.drop(entry_id, attempt, files)
             return f"left pending: WORK_COMPLETED rejected ({exc}); staged files discarded"
-        if isinstance(answer, FencedAnswer):
+        if isinstance(answer, FencedAnswer) and not (answer.done and answer.attempt == attempt):
             await self.drop(entry_id, attempt, files)
             return (
                 f"fenced at completion: attempt {answer.attempt} ({answer.state}) owns it; "
                 "staged files discarded, not acked"
             )
+        # Accepted; or this very attempt is done already: a retry whose first try the conductor
+        # accepted before its answer was lost (it stopped, the connection broke). Its files are
+        # the accepted ones: discarding them would lose the work.
         committed = await self.finish(entry_id, attempt, files)
         return "completed" + (f"; staged files committed: {committed.renamed}" if files else "")
 
@@ -153,9 +156,19 @@ class Settler:
     async def finish(
         self, entry_id: str, attempt: int, files: Sequence[staging.StagedFile]
     ) -> staging.Committed:
+        """Commit the accepted attempt's files (`files`, this process's own; else its recorded
+        intent), then XACK and forget the intents.
+
+        Its own files are committed before Redis is asked anything: a Redis that fails now,
+        or restarted empty (the entry and the intent gone with it, and the conductor appends
+        no done dispatch again), would otherwise leave an accepted completion without its
+        effect, for good."""
+        committed = await asyncio.to_thread(staging.commit, files) if files else None
         intents = await staging.load_intents(self._redis, stream=self.stream, entry_id=entry_id)
-        files = intents.pop(attempt, ()) or files
-        committed = await asyncio.to_thread(staging.commit, files)
+        recorded = intents.pop(attempt, ())
+        if committed is None:
+            files = recorded
+            committed = await asyncio.to_thread(staging.commit, files)
         for stale in intents.values():  # attempts that were never accepted
             await asyncio.to_thread(staging.discard, stale)
         await asyncio.to_thread(  # and attempts killed before they recorded an intent
