@@ -305,11 +305,10 @@ class Soak:
 
         import chaos_faults
         import chaos_report
-        from harness import conninfo
-        from rig_conductor.adapters import redis_streams
+        from harness import conninfo, redis_kit
 
         started = time.monotonic()
-        redis = redis_streams.connect(self.redis_url)
+        redis = redis_kit.connect(self.redis_url)
         db = Database(conninfo(self.database_url))
         failed = True
         try:

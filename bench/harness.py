@@ -31,10 +31,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import AgentId, ConsumerName
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ helpers
+from tests import redis_kit
 
 CLI = Path(sys.executable).with_name("rig-conductor")
 COMMAND = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "rig_conductor"]
@@ -168,7 +170,7 @@ class Stores:
 async def stores(title: str) -> AsyncIterator[Stores]:
     """Clients of the servers, named under `title`; both emptied (FLUSHDB) at the end."""
     with servers() as found:
-        redis = redis_streams.connect(found.redis_url)
+        redis = redis_kit.connect(found.redis_url)
         bench = Stores(found, redis, pg_engine.create_engine(found.database_url))
         try:
             redis_version = (await redis.info("server"))["redis_version"]

@@ -18,8 +18,8 @@ from typing import Any
 from unittest import mock
 
 import harness
-from harness import GROUP, TENANT, BenchError, CliRun, Shape, Stores
-from rig_conductor.adapters import redis_streams, redis_sweep
+from harness import GROUP, TENANT, BenchError, CliRun, Shape, Stores, redis_kit
+from rig_conductor.adapters import redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, StreamKey
 from rig_conductor.reaper.cycle import ScanReport, reap_once
 from rig_conductor.settings import Settings
@@ -77,7 +77,7 @@ async def claim_floor(stores: Stores, shape: Shape) -> float:
     the live consumer with XCLAIM ... JUSTID, 1,000 ids a command, pipelined."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
     dead = {ConsumerName(c): 0 for _, c in shape.dead}
-    ids = await redis_streams.pending_entries(
+    ids = await redis_kit.pending_entries(
         stores.redis, stream=StreamKey(STREAM), group=GroupName(GROUP), min_idle_ms=dead
     )
     target = shape.live[0][1]

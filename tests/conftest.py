@@ -26,12 +26,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.adapters.postgres.tables import metadata
 from rig_conductor.embedded import postgres_server, redis_server
 from rig_conductor.settings import Settings
+from tests import redis_kit
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +96,7 @@ def database_url(_servers: ExitStack) -> Iterator[str]:
 
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
-    client = redis_streams.connect(redis_url)
+    client = redis_kit.connect(redis_url)
     await client.flushdb()
     yield client
     await client.aclose()

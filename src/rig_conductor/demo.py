@@ -228,11 +228,11 @@ class _Crew:
         for task in self.doomed:
             task.cancel()
         await asyncio.gather(*self.doomed, return_exceptions=True)
-        held = sorted(self.building.values(), key=lambda entry: entry.id)
+        unacked = sorted(self.building.values(), key=lambda entry: entry.id)
         logger.warning(
             "%s died mid-build, never acking %s",
             DOOMED_AGENT,
-            ", ".join(f"{entry.issue_id} ({entry.id}) on {entry.consumer}" for entry in held),
+            ", ".join(f"{entry.issue_id} ({entry.id}) on {entry.consumer}" for entry in unacked),
         )
 
     def start_live(self) -> None:

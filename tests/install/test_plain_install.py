@@ -89,6 +89,17 @@ def command(
     )
 
 
+def python(venv: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` run by the venv's Python, outside the checkout."""
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=venv,
+        check=False,
+    )
+
+
 @pytest.fixture
 def env(redis_url: str, database_url: str) -> dict[str, str]:
     return {
@@ -109,9 +120,7 @@ def test_every_module_outside_the_extras_imports(venv: Path) -> None:
         "        importlib.import_module(m.name)\n"
         "print('ok')\n"
     )
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), "-c", script], capture_output=True, text=True, cwd=venv
-    )
+    done = python(venv, script)
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
@@ -172,3 +181,7 @@ def test_the_audit_extra_adds_the_audit(venv: Path) -> None:
     done = command(venv, "audit", "--help", env={})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--output" in done.stdout
+    # report.html's template ships in the wheel, beside the module that renders it.
+    page = "resources.files('rig_conductor.audit').joinpath('templates/report.html')"
+    done = python(venv, f"from importlib import resources; print({page}.is_file())")
+    assert done.stdout.strip() == "True", done.stderr[-3000:]

@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.settings import Settings
+from tests import redis_kit
 
 from .console_kit import builder, client_of
 
@@ -31,7 +31,7 @@ async def any_redis(
     run would repeat the first, so it skips, CI or not (nothing is missing)."""
     if request.param not in redis_urls:
         pytest.skip("the primary Redis is the embedded 6.2 already (set RIG_TEST_REDIS_URL)")
-    client = redis_streams.connect(redis_urls[request.param])
+    client = redis_kit.connect(redis_urls[request.param])
     await client.flushdb()
     yield client
     await client.aclose()

@@ -13,9 +13,9 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.console import pages
 from rig_conductor.settings import Settings
+from tests import redis_kit
 
 from .console_kit import OPERATOR, G, S, builder, client_of, sign_in
 
@@ -24,7 +24,7 @@ ENTRIES = 20_000
 
 @pytest.fixture
 async def private_redis(embedded_redis_url: str) -> AsyncIterator[Redis]:
-    client = redis_streams.connect(embedded_redis_url)
+    client = redis_kit.connect(embedded_redis_url)
     await client.flushdb()
     yield client
     await client.config_set("slowlog-log-slower-than", 10_000)

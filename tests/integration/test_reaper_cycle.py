@@ -14,13 +14,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
+from tests import redis_kit
 
 from .helpers import fill, owners, read, register
 
@@ -260,7 +260,7 @@ async def test_nothing_is_acked_outside_the_dead_letter_path(
 async def test_redis_down_fails_the_scan_with_a_clear_reason(
     engine: AsyncEngine, settings: Settings
 ) -> None:
-    dead = redis_streams.connect("redis://127.0.0.1:1/0")
+    dead = redis_kit.connect("redis://127.0.0.1:1/0")
     with pytest.raises(RedisError) as caught:
         await cycle.reap_once(redis=dead, engine=engine, settings=settings)
     await dead.aclose()

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
+from tests import redis_kit
 
 from .helpers import fill, owners, read, register
 
@@ -69,7 +70,7 @@ async def test_pending_entries_pages_the_whole_list(any_redis: Redis) -> None:
     await read(any_redis, S, G, "a-0", 120)
     await read(any_redis, S, G, "b-0", 100)
     await read(any_redis, S, G, "c-0", 30)
-    entries = await redis_streams.pending_entries(
+    entries = await redis_kit.pending_entries(
         any_redis,
         stream=S,
         group=G,
@@ -87,7 +88,7 @@ async def test_pending_entries_filters_by_idle(any_redis: Redis) -> None:
     await read(any_redis, S, G, "a-0", 2)
     await asyncio.sleep(0.25)
     await read(any_redis, S, G, "a-0", 2)
-    entries = await redis_streams.pending_entries(
+    entries = await redis_kit.pending_entries(
         any_redis, stream=S, group=G, min_idle_ms={ConsumerName("a-0"): 200}
     )
     assert len(entries) == 2
@@ -96,14 +97,14 @@ async def test_pending_entries_filters_by_idle(any_redis: Redis) -> None:
 
 async def test_pending_entries_of_a_vanished_group_are_skipped(any_redis: Redis) -> None:
     await fill(any_redis, S, G, 1)
-    entries = await redis_streams.pending_entries(
+    entries = await redis_kit.pending_entries(
         any_redis, stream=S, group=GroupName("nope"), min_idle_ms={ConsumerName("a-0"): 0}
     )
     assert entries == []
 
 
 async def _pending(redis: Redis, consumer: str, min_idle: int = 0) -> list[PendingEntry]:
-    return await redis_streams.pending_entries(
+    return await redis_kit.pending_entries(
         redis, stream=S, group=G, min_idle_ms={ConsumerName(consumer): min_idle}
     )
 

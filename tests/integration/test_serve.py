@@ -12,13 +12,13 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
+from tests import redis_kit
 
 from .helpers import fill, owners, read, register, serve, wait_for
 
@@ -61,7 +61,7 @@ async def test_serve_reclaims_on_schedule_and_stops_on_sigterm(
 async def test_failing_scans_do_not_stop_the_schedule(
     engine: AsyncEngine, make_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture
 ) -> None:
-    dead = redis_streams.connect("redis://127.0.0.1:1/0")
+    dead = redis_kit.connect("redis://127.0.0.1:1/0")
     settings = make_settings(scan_interval_s=0.1, startup_delay_s=0)
     service = ReaperService(redis=dead, engine=engine, settings=settings)
     service.start()

@@ -33,6 +33,7 @@ from rig_conductor.effects import applier as effects
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
 from rig_conductor.reaper import moves
+from tests import redis_kit
 
 from .helpers import fill, owners, read, register
 
@@ -85,7 +86,7 @@ async def test_sweep_matches_the_plan_of_whole_lists(
         assessment = reclaim.assess_group(group, Fleet(evidence, limits), attempts=attempts)
         assert set(assessment.down) == {"dead-0", "dead-1"}
         assert assessment.rules[ConsumerName("sick-0")].reason == "degraded"
-        entries = await redis_streams.pending_entries(
+        entries = await redis_kit.pending_entries(
             any_redis,
             stream=S,
             group=G,

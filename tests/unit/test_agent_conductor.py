@@ -148,3 +148,68 @@ def test_retry_after_reads_seconds_and_dates() -> None:
     assert conductor.retry_after("Thu, 01 Jan 2026 11:00:00 GMT", now=now) == 0.0
     assert conductor.retry_after("whenever") is None
     assert conductor.retry_after(None) is None
+
+
+class Flaky:
+    """A call that fails `failures` times with `error`, then returns "ok"."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        self.left, self.error, self.calls = failures, error, 0
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        if self.left:
+            self.left -= 1
+            raise self.error
+        return "ok"
+
+
+async def test_retry_backs_off_between_failures_and_logs_each(no_waiting: list[float]) -> None:
+    logged: list[tuple[str, float]] = []
+    call = Flaky(3, ConductorUnavailable("down"))
+    got = await conductor.retry(
+        call, retry_on=ConductorUnavailable, log=lambda exc, s: logged.append((str(exc), s))
+    )
+    assert (got, call.calls) == ("ok", 4)
+    assert [problem for problem, _ in logged] == ["down"] * 3
+    assert no_waiting == [seconds for _, seconds in logged]
+    for n, seconds in enumerate(no_waiting, start=1):
+        ceiling = min(conductor.BACKOFF_MAX_S, conductor.BACKOFF_START_S * 2 ** (n - 1))
+        assert ceiling / 2 <= seconds <= ceiling
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [(5.0, [5.0, 5.0]), (None, "backoff"), (0.0, "backoff")],
+)
+async def test_retry_waits_what_delay_asks_else_the_backoff(
+    no_waiting: list[float], asked: float | None, expected: object
+) -> None:
+    call = Flaky(2, ConductorUnavailable("down"))
+    await conductor.retry(call, retry_on=ConductorUnavailable, delay=lambda exc, n: asked)
+    if expected == "backoff":
+        assert 0.25 <= no_waiting[0] <= 0.5 and 0.5 <= no_waiting[1] <= 1.0
+    else:
+        assert no_waiting == expected
+
+
+async def test_retry_raises_the_last_failure_and_never_retries_others(
+    no_waiting: list[float],
+) -> None:
+    call = Flaky(5, ConductorUnavailable("down"))
+    with pytest.raises(ConductorUnavailable, match="down"):
+        await conductor.retry(call, retry_on=ConductorUnavailable, tries=3)
+    assert (call.calls, len(no_waiting)) == (3, 2)
+    refused = Flaky(5, ConductorRejected("401"))
+    with pytest.raises(ConductorRejected):
+        await conductor.retry(refused, retry_on=ConductorUnavailable)
+    assert refused.calls == 1
+
+
+async def test_retry_after_a_stop_makes_one_last_try(no_waiting: list[float]) -> None:
+    stop = asyncio.Event()
+    stop.set()
+    call = Flaky(5, ConductorUnavailable("down"))
+    with pytest.raises(ConductorUnavailable):
+        await conductor.retry(call, retry_on=ConductorUnavailable, stop=stop)
+    assert (call.calls, no_waiting) == (1, [])

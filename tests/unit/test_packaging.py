@@ -19,6 +19,27 @@ def test_every_package_is_listed_in_pyproject() -> None:
     assert on_disk <= listed, f"add to [tool.setuptools] packages: {sorted(on_disk - listed)}"
 
 
+def test_every_data_file_under_src_is_package_data() -> None:
+    """A template or asset that no package-data pattern names is left out of the wheel: the
+    console's pages, the audit's report.html."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    src = ROOT / "src"
+    shipped = {
+        path
+        for package, patterns in config["tool"]["setuptools"]["package-data"].items()
+        for pattern in patterns
+        for path in (src / package.replace(".", "/")).glob(pattern)
+    }
+    data = {
+        path
+        for path in (src / "rig_conductor").rglob("*")
+        if path.is_file()
+        and path.suffix not in (".py", ".pyc")
+        and not {"__pycache__", "_migrations"} & set(path.relative_to(src).parts)
+    }
+    assert data <= shipped, f"add to package-data: {sorted(map(str, data - shipped))}"
+
+
 def test_migrations_ship_as_a_subpackage() -> None:
     from importlib import resources
 

@@ -1,4 +1,5 @@
-"""Redis Streams I/O: describe groups, page pending lists, dead-letter, append once.
+"""Redis Streams I/O: describe groups, dead-letter, append once (pending lists are paged in
+redis_sweep).
 
 Thin: every function takes keyword arguments, talks to Redis and returns domain objects. No
 decisions are made here. Works with the reply shapes of Redis 6.2 and 7.x.
@@ -15,8 +16,8 @@ from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from rig_conductor.adapters import redis_keys, redis_sweep
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered, redis_client_retry
+from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,
@@ -29,7 +30,6 @@ from rig_conductor.domain import (
 
 logger = logging.getLogger(__name__)
 
-PAGE_SIZE = 10_000  # XPENDING rows per call
 _GLOB_CHARS = frozenset("*?[")
 
 # Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
@@ -344,35 +344,6 @@ def _consumer_info(row: Mapping[str, Any]) -> ConsumerInfo:
     )
 
 
-async def pending_entries(
-    client: Redis,
-    *,
-    stream: StreamKey,
-    group: GroupName,
-    min_idle_ms: Mapping[ConsumerName, int],
-    page_size: int = PAGE_SIZE,
-) -> list[PendingEntry]:
-    """The whole pending list of each named consumer, idle at least its `min_idle_ms`.
-
-    Pages with exclusive ranges (`(last-id`) so there is no 100-entry cap; every consumer's
-    next page goes out in the same round trip (`redis_sweep.read_pages`).
-    """
-    entries: list[PendingEntry] = []
-    requests = {c: redis_sweep.PageRequest(idle, "-") for c, idle in min_idle_ms.items()}
-    while requests:
-        pages = await redis_sweep.read_pages(
-            client, stream=stream, group=group, pages=requests, count=page_size
-        )
-        for page in pages.values():
-            entries.extend(page.entries)
-        requests = {
-            c: redis_sweep.PageRequest(requests[c].min_idle_ms, page.next_start)
-            for c, page in pages.items()
-            if page.next_start is not None
-        }
-    return entries
-
-
 async def dead_letter(
     client: AnyRedis,
     *,
@@ -410,18 +381,6 @@ async def dead_letter(
             dlq_id, deliveries, issue = reply
             done.append(DeadLettered(entry.id, dlq_id, int(deliveries), issue or None))
     return done
-
-
-def connect(url: str) -> Redis:
-    """A client for one standalone Redis named by URL (`redis_client.connect` follows the
-    configured topology): text replies, bounded waits, retries on blips."""
-    return Redis.from_url(
-        url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        health_check_interval=30,
-        retry=redis_client_retry(),
-    )
 
 
 async def list_dead_letters(

@@ -10,17 +10,19 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from rig_conductor.agent.token_file import TokenFile
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
@@ -30,7 +32,14 @@ HTTP_UNAUTHORIZED = 401
 
 
 class ConductorUnavailable(Exception):
-    """No answer from the conductor (connection errors, 5xx) within the retries allowed."""
+    """No answer from the conductor (connection errors, 5xx) within the retries allowed.
+
+    `retry_after`: the wait a 5xx answer's Retry-After header asked for, if it had one.
+    """
+
+    def __init__(self, problem: str, *, retry_after: float | None = None) -> None:
+        super().__init__(problem)
+        self.retry_after = retry_after
 
 
 class ConductorRejected(Exception):
@@ -157,27 +166,31 @@ class ConductorClient:
         `tries=None` retries without limit until `until` is set, then makes one last try.
         """
         body = {**body, "agentId": self.agent_id}
-        attempt = 0
-        while True:
-            attempt += 1
-            last = (tries is not None and attempt >= tries) or (
-                until is not None and until.is_set()
-            )
-            try:
-                answer = await self._send(body)
-            except httpx.TransportError as exc:
-                problem, delay = f"{type(exc).__name__}: {exc}", backoff(attempt)
-            else:
-                if answer.is_success or answer.status_code == 409:
-                    return answer
-                if answer.status_code not in _RETRYABLE:
-                    raise ConductorRejected(f"{answer.status_code} {_detail(answer)}")
-                problem = f"{answer.status_code} {_detail(answer)}"
-                delay = retry_after(answer.headers.get("retry-after")) or backoff(attempt)
-            if last:
-                raise ConductorUnavailable(problem)
-            logger.debug("%s not delivered (%s); retrying in %.1fs", body["type"], problem, delay)
-            await pause(delay, until)
+
+        def undelivered(exc: Exception, delay: float) -> None:
+            logger.debug("%s not delivered (%s); retrying in %.1fs", body["type"], exc, delay)
+
+        return await retry(
+            lambda: self._post_once(body),
+            retry_on=ConductorUnavailable,
+            log=undelivered,
+            stop=until,
+            tries=tries,
+            delay=_asked_wait,
+        )
+
+    async def _post_once(self, body: dict[str, Any]) -> httpx.Response:
+        try:
+            answer = await self._send(body)
+        except httpx.TransportError as exc:
+            raise ConductorUnavailable(f"{type(exc).__name__}: {exc}") from None
+        if answer.is_success or answer.status_code == 409:
+            return answer
+        problem = f"{answer.status_code} {_detail(answer)}"
+        if answer.status_code not in _RETRYABLE:
+            raise ConductorRejected(problem)
+        asked = retry_after(answer.headers.get("retry-after"))
+        raise ConductorUnavailable(problem, retry_after=asked)
 
     async def _send(self, body: dict[str, Any]) -> httpx.Response:
         answer = await self._http.post("/api/events", json=body, headers=self._auth())
@@ -194,6 +207,40 @@ class ConductorClient:
         if self._token_file is None:
             return None
         return {"Authorization": f"Bearer {self._token_file.current()}"}
+
+
+async def retry(
+    call: Callable[[], Awaitable[T]],
+    *,
+    retry_on: type[Exception] | tuple[type[Exception], ...],
+    log: Callable[[Exception, float], object] = lambda exc, seconds: None,
+    stop: asyncio.Event | None = None,
+    tries: int | None = None,
+    delay: Callable[[Exception, int], float | None] = lambda exc, n: None,
+) -> T:
+    """The agent's one retry loop: `call()` until it returns.
+
+    After its n-th failure of a kind in `retry_on`: `log(failure, seconds)`, then a wait of
+    `delay(failure, n)` or, when that is None or 0, `backoff(n)`, cut short when `stop` is set.
+    The failure is raised instead when the call that failed was the last one: the `tries`-th, or
+    one begun after `stop` was set (so a stop during a wait still gets one last try).
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        last = (tries is not None and attempt >= tries) or (stop is not None and stop.is_set())
+        try:
+            return await call()
+        except retry_on as exc:
+            if last:
+                raise
+            seconds = delay(exc, attempt) or backoff(attempt)
+            log(exc, seconds)
+            await pause(seconds, stop)
+
+
+def _asked_wait(exc: Exception, attempt: int) -> float | None:
+    return exc.retry_after if isinstance(exc, ConductorUnavailable) else None
 
 
 async def pause(seconds: float, until: asyncio.Event | None = None) -> None:

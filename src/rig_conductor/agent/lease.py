@@ -102,8 +102,8 @@ class ConsumerLease:
 
     async def renew(self) -> bool:
         """False when another instance holds the name now."""
-        held = await self._client.eval(_RENEW_LUA, 1, self.key, self.instance, self._ttl_ms)
-        return bool(held)
+        still_ours = await self._client.eval(_RENEW_LUA, 1, self.key, self.instance, self._ttl_ms)
+        return bool(still_ours)
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError):

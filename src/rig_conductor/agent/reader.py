@@ -1,10 +1,11 @@
 """Reading one consumer group as one consumer: join it, read pending and new entries one at a
-time, and look up an entry's delivery count. Redis I/O only; what to do with an entry is the
-runtime's business."""
+time, page through its pending ids without reading them, and look up an entry's delivery count.
+Redis I/O only; what to do with an entry is the runtime's business."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Container
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -52,6 +53,30 @@ class GroupReader:
         )
         return [str(row["message_id"]) for row in rows]
 
+    async def cursor_skipping(self, skip: Container[str], cursor: str) -> str:
+        """A cursor just before this consumer's next pending entry after `cursor` that is not
+        in `skip`; '' when there is none. Reads ids only, so nothing skipped is delivered."""
+        after = cursor
+        while True:
+            ids = await self.pending_ids(after=after, count=100)
+            for entry_id in ids:
+                if entry_id not in skip:
+                    return _before(entry_id)
+            if len(ids) < 100:
+                return ""
+            after = ids[-1]
+
+    async def all_pending_ids(self) -> set[str]:
+        """The ids of every entry pending for this consumer, read a thousand at a time."""
+        mine: set[str] = set()
+        after = "-"
+        while True:
+            ids = await self.pending_ids(after=after, count=1000)
+            mine.update(ids)
+            if len(ids) < 1000:
+                return mine
+            after = ids[-1]
+
     async def new(self, block_ms: int) -> list[Read]:
         reply = await self._redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=1, block=block_ms
@@ -70,6 +95,14 @@ class GroupReader:
             idle=0,
         )
         return int(rows[0]["times_delivered"]) if rows else None
+
+
+def _before(entry_id: str) -> str:
+    """The greatest stream id below `entry_id`: reading after it starts at `entry_id`."""
+    ms, _, seq = entry_id.partition("-")
+    if int(seq or 0) > 0:
+        return f"{ms}-{int(seq) - 1}"
+    return f"{int(ms) - 1}-18446744073709551615" if int(ms) > 0 else "0"
 
 
 def _entries(reply: Any) -> list[Read]:

@@ -26,6 +26,8 @@ from rig_conductor.agent.conductor import (
     ConductorUnavailable,
     FencedAnswer,
     backoff,
+    pause,
+    retry,
 )
 from rig_conductor.agent.entry import (
     Degraded,
@@ -52,7 +54,6 @@ logger = logging.getLogger(__name__)
 
 BLOCK_MS = 1_000  # short, so SIGTERM and the periodic pending-list read stay prompt
 SHUTDOWN_GRACE_S = 30.0
-_PAUSE_MAX_S = 10.0
 _ABANDONED_MEMORY = 1_000  # entries given up at their deadline, never run again here
 
 
@@ -227,7 +228,7 @@ class Agent:
                     continue
                 if self._paused_until > time.monotonic():
                     # Self-fenced: read nothing at all, not even our own pending entries.
-                    await self._sleep(self._paused_until - time.monotonic())
+                    await pause(self._paused_until - time.monotonic(), self.stop)
                     next_scan = 0.0  # then our own pending entries first
                     continue
                 if not self._joined:
@@ -253,7 +254,7 @@ class Agent:
                     )
                 else:
                     logger.warning("Redis error while reading: %s; retrying in %.1fs", exc, delay)
-                await self._sleep(delay)
+                await pause(delay, self.stop)
 
     async def _read_pending(self) -> None:
         """This consumer's pending entries, reclaimed ones included, one at a time.
@@ -266,7 +267,7 @@ class Agent:
         cursor = "0"
         while not (self.stop.is_set() or self._conductor_down or self._paused()):
             if self._abandoned:
-                cursor = await self._step_over_abandoned(cursor)
+                cursor = await self._reader.cursor_skipping(self._abandoned, cursor)
                 if cursor == "":
                     return
             batch = await self._reader.pending_after(cursor)
@@ -276,27 +277,8 @@ class Agent:
                 await self._process(entry_id, fields)
                 cursor = entry_id
 
-    async def _step_over_abandoned(self, cursor: str) -> str:
-        """A cursor just before the next pending entry not abandoned; '' when there is none."""
-        after = cursor
-        while True:
-            ids = await self._reader.pending_ids(after=after, count=100)
-            for entry_id in ids:
-                if entry_id not in self._abandoned:
-                    return _before(entry_id)
-            if len(ids) < 100:
-                return ""
-            after = ids[-1]
-
     async def _forget_moved(self) -> None:
-        mine: set[str] = set()
-        after = "-"
-        while True:
-            ids = await self._reader.pending_ids(after=after, count=1000)
-            mine.update(ids)
-            if len(ids) < 1000:
-                break
-            after = ids[-1]
+        mine = await self._reader.all_pending_ids()
         kept = [entry_id for entry_id in self._abandoned if entry_id in mine]
         self._abandoned.clear()
         self._abandoned.extend(kept)
@@ -315,43 +297,54 @@ class Agent:
         never heartbeated, of an agent whose other consumers do, could never be judged down, and
         its entries would stay pending forever.
         """
-        attempt = 0
-        while not self.stop.is_set():
-            try:
-                await self._conductor.heartbeat()
-                return True
-            except (ConductorUnavailable, ConductorRejected) as exc:
-                attempt += 1
-                delay = min(backoff(attempt), _PAUSE_MAX_S)
-                logger.warning(
-                    "First heartbeat failed (%s): reading nothing until the conductor accepts "
-                    "one; retrying in %.1fs",
-                    exc,
-                    delay,
-                )
-                await self._sleep(delay)
-        return False
+
+        async def heartbeat() -> bool:
+            if self.stop.is_set():
+                return False
+            await self._conductor.heartbeat()
+            return True
+
+        def failed(exc: Exception, delay: float) -> None:
+            logger.warning(
+                "First heartbeat failed (%s): reading nothing until the conductor accepts "
+                "one; retrying in %.1fs",
+                exc,
+                delay,
+            )
+
+        failures = (ConductorUnavailable, ConductorRejected)
+        return await retry(heartbeat, retry_on=failures, log=failed, stop=self.stop)
 
     async def _await_conductor(self) -> None:
         """While the conductor is unreachable, read nothing: every read counts as a delivery and
-        would wear entries out towards the dead-letter queue without running them."""
-        attempt = 0
-        while not self.stop.is_set():
-            attempt += 1
-            await self._sleep(min(backoff(attempt), _PAUSE_MAX_S))
+        would wear entries out towards the dead-letter queue without running them.
+
+        The failure that brought the agent here was the first: it waits before each heartbeat,
+        and gives up at a stop once the heartbeat in flight has failed."""
+        if self.stop.is_set():
+            return
+
+        async def answers() -> bool:
             try:
                 await self._conductor.heartbeat()
             except ConductorUnavailable:
-                continue
+                if self.stop.is_set():
+                    return False
+                raise
             except ConductorRejected:
-                pass
+                pass  # it answers, if only to refuse
+            return True
+
+        await pause(backoff(1), self.stop)
+        later = retry(
+            answers,
+            retry_on=ConductorUnavailable,
+            stop=self.stop,
+            delay=lambda exc, failures: backoff(failures + 1),
+        )
+        if await later:
             self._conductor_down = False
             logger.info("The conductor answers again; resuming")
-            return
-
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait(), seconds)
 
     async def _process(self, entry_id: str, fields: Mapping[str, str]) -> None:
         if self.stop.is_set():
@@ -478,14 +471,6 @@ class Agent:
             return not isinstance(answer, FencedAnswer)
 
         return ProgressReporter(asyncio.get_running_loop(), send)
-
-
-def _before(entry_id: str) -> str:
-    """The greatest stream id below `entry_id`: reading after it starts at `entry_id`."""
-    ms, _, seq = entry_id.partition("-")
-    if int(seq or 0) > 0:
-        return f"{ms}-{int(seq) - 1}"
-    return f"{int(ms) - 1}-18446744073709551615" if int(ms) > 0 else "0"
 
 
 __all__ = [

@@ -205,7 +205,7 @@ async def load_intents(
     client: AnyRedis, *, stream: str, entry_id: str
 ) -> dict[int, tuple[StagedFile, ...]]:
     """Every attempt's recorded intent for the entry, by attempt number."""
-    # decode_responses=True (redis_streams.connect): fields and values are str.
+    # decode_responses=True (redis_client.connect): fields and values are str.
     raw = cast("Mapping[str, str]", await client.hgetall(intent_key(stream, entry_id)))
     intents: dict[int, tuple[StagedFile, ...]] = {}
     for attempt, text in raw.items():

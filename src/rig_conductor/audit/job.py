@@ -4,28 +4,28 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rig_conductor.audit.session import AuditOptions
+from rig_conductor.audit.stages import Findings, Loaded, ms_since
+from rig_conductor.audit.summary import LATENCY_BINS, summarize, write_outputs
 from rig_conductor.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from rig_conductor.audit.sources import EventBounds, JdbcSource, RedisSnapshot
-from rig_conductor.audit.session import AuditOptions, _ms_since
-from rig_conductor.audit.summary import LATENCY_BINS, summarize, write_outputs
+    from rig_conductor.audit.sources import JdbcSource, RedisSnapshot
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+Make = Callable[[], "DataFrame"]  # builds a frame's plan, in the writer thread
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -36,70 +36,13 @@ BROADCAST_AT_MOST = 200_000  # rows of a small frame sent whole to every task in
 WRITERS = 4  # small tables written at once
 
 
-@dataclass
-class Loaded:
-    """The window's events, read once, with what the read found."""
-
-    events: DataFrame
-    # The agents' liveness intervals in the window (small: one row per unbroken stretch).
-    intervals: DataFrame
-    bounds: EventBounds
-    rows: int
-    partitions: int
-    cached: list[DataFrame] = field(default_factory=list)
-    staged: Path | None = None
-
-    def release(self) -> None:
-        for frame in self.cached:
-            frame.unpersist()
-        if self.staged is not None:
-            shutil.rmtree(self.staged, ignore_errors=True)
-
-
-@dataclass
-class Findings:
-    """The reconciled frames, each read back from the Parquet it was written to."""
-
-    status: DataFrame
-    lost: DataFrame
-    duplicates: DataFrame
-    overlaps: DataFrame
-    reclaims: DataFrame
-    latency: DataFrame
-    histogram: DataFrame
-    availability: DataFrame
-    down_periods: DataFrame
-    dead_letter_rate: DataFrame
-    dead_letters: DataFrame
-    pending_over_time: DataFrame
-    sightings: DataFrame
-    reports: DataFrame
-
-    def tables(self) -> dict[str, DataFrame]:
-        """The Parquet tables written under the output directory, by name."""
-        return {
-            "entries": self.status,
-            "lost": self.lost,
-            "duplicates": self.duplicates,
-            "overlapping_attempts": self.overlaps,
-            "reclaims": self.reclaims,
-            "reclaim_latency_histogram": self.histogram,
-            "availability": self.availability,
-            "agent_down_periods": self.down_periods,
-            "dead_letter_rate": self.dead_letter_rate,
-            "dead_letters": self.dead_letters,
-            "pending_over_time": self.pending_over_time,
-            "detector_sightings": self.sightings,
-        }
-
-
 @contextmanager
 def _timed(timings: dict[str, int], name: str) -> Iterator[None]:
     started = time.perf_counter()
     try:
         yield
     finally:
-        timings[name] = timings.get(name, 0) + _ms_since(started)
+        timings[name] = timings.get(name, 0) + ms_since(started)
 
 
 def run(
@@ -281,6 +224,28 @@ def dispatched_streams(events: DataFrame) -> list[str]:
     return sorted(str(row["stream"]) for row in rows)
 
 
+@dataclass(frozen=True, slots=True)
+class _Parquet:
+    """Writes a frame once, as a table under the output or an intermediate frame under the
+    staging directory, and hands on the frame read back from it."""
+
+    spark: SparkSession
+    output: Path
+    staging: Path
+
+    def table(self, frame: DataFrame, name: str, *, one_file: bool = True) -> DataFrame:
+        return self._write(frame, self.output / name, one_file=one_file)
+
+    def staged(self, frame: DataFrame, name: str) -> DataFrame:
+        return self._write(frame, self.staging / name, one_file=False)
+
+    def _write(self, frame: DataFrame, directory: Path, *, one_file: bool) -> DataFrame:
+        path, started = str(directory.resolve()), time.perf_counter()
+        (frame.coalesce(1) if one_file else frame).write.mode("overwrite").parquet(path)
+        logger.debug("Wrote %s in %d ms", directory.name, ms_since(started))
+        return self.spark.read.parquet(path)
+
+
 def reconcile_all(
     spark: SparkSession,
     events: DataFrame,
@@ -300,103 +265,100 @@ def reconcile_all(
     scan, not the whole lineage: planning a lineage this size again for each table and count
     cost more than the work on a small log) and nothing is cached in executor memory.
     """
-    from rig_conductor.audit import duplicates, tallies, timelines
     from rig_conductor.audit import reconcile as rc
+    from rig_conductor.audit import timelines
 
     pending = spark.createDataFrame(snapshot.pending, rc.PENDING_SCHEMA, verifySchema=False)
     queue = spark.createDataFrame(snapshot.letters, rc.DEAD_LETTER_QUEUE_SCHEMA, verifySchema=False)
-
-    def write(frame: DataFrame, directory: Path, *, one_file: bool = True) -> DataFrame:
-        path, started = str(directory.resolve()), time.perf_counter()
-        (frame.coalesce(1) if one_file else frame).write.mode("overwrite").parquet(path)
-        logger.debug("Wrote %s in %d ms", directory.name, _ms_since(started))
-        return spark.read.parquet(path)
-
-    def table(frame: DataFrame, name: str, *, one_file: bool = True) -> DataFrame:
-        return write(frame, output / name, one_file=one_file)
-
-    def staged(frame: DataFrame, name: str) -> DataFrame:
-        return write(frame, staging / name, one_file=False)
-
+    out = _Parquet(spark, output, staging)
     # Small frames first, each written: read back, their size lets the joins below broadcast
     # them instead of shuffling the log against them.
-    replaced = staged(rc.replaced_dispatches(events), "replaced")
-    requeues = staged(rc.unmatched_requeues(events), "requeues")
-    dead = table(rc.dead_letters(events, queue), "dead_letters")
+    replaced = out.staged(rc.replaced_dispatches(events), "replaced")
+    requeues = out.staged(rc.unmatched_requeues(events), "requeues")
+    dead = out.table(rc.dead_letters(events, queue), "dead_letters")
     # The per-entry table keeps Spark's partitioning: it is as large as the log.
-    facts = staged(rc.entry_facts(events, replaced), "facts")
+    facts = out.staged(rc.entry_facts(events, replaced), "facts")
     few = requeues.count() <= BROADCAST_AT_MOST
-    status = table(
+    status = out.table(
         rc.entry_status(facts, dead, pending, requeues, broadcast_matches=few),
         "entries",
         one_file=False,
     )
-    reports = staged(rc.work_reports(events, status), "reports")
-    # The rest are small jobs, most of whose time is latency (planning, scheduling, file
-    # commits): written a few at a time. Each waits only for frames submitted before it, so the
-    # pool cannot stall on its own queue.
+    reports = out.staged(rc.work_reports(events, status), "reports")
     with ThreadPoolExecutor(WRITERS, thread_name_prefix="audit-write") as pool:
-        # Only entries worked under several attempts can overlap: their reports, not all.
-        reattempted = pool.submit(lambda: staged(rc.reattempted(facts), "reattempted"))
-        several = pool.submit(lambda: staged(duplicates.completed_by_several(reports), "several"))
-        reclaims = pool.submit(
-            lambda: table(timelines.reclaims(events), "reclaims", one_file=False)
+        rest = _write_the_rest(
+            pool,
+            out,
+            events,
+            intervals,
+            status=status,
+            facts=facts,
+            reports=reports,
+            window_end=window_end,
+            down_ms=down_ms,
+            span_ms=span_ms,
         )
-        gaps = pool.submit(
-            lambda: staged(
-                timelines.heartbeat_gaps(events, intervals, window_end=window_end), "gaps"
-            )
-        )
-        lost = pool.submit(lambda: table(tallies.lost(status), "lost"))
-        rate = pool.submit(lambda: table(tallies.dead_letter_rate(status), "dead_letter_rate"))
-        bucket_ms = timelines.choose_bucket_ms(span_ms)
-        over_time = pool.submit(
-            lambda: table(
-                timelines.pending_over_time(status, bucket_ms=bucket_ms), "pending_over_time"
-            )
-        )
-        sightings = pool.submit(
-            lambda: table(timelines.detector_sightings(events), "detector_sightings")
-        )
-        overlaps = pool.submit(
-            lambda: table(
-                duplicates.overlapping_attempts(reports, reattempted.result()),
-                "overlapping_attempts",
-            )
-        )
-        found_twice = pool.submit(
-            lambda: table(
-                duplicates.duplicates(reports, overlaps.result(), several.result()),
-                "duplicates",
-            )
-        )
-        histogram = pool.submit(
-            lambda: table(
-                timelines.latency_histogram(reclaims.result(), LATENCY_BINS),
-                "reclaim_latency_histogram",
-            )
-        )
-        availability = pool.submit(
-            lambda: table(timelines.availability(gaps.result(), down_ms=down_ms), "availability")
-        )
-        down_periods = pool.submit(
-            lambda: table(
-                timelines.down_periods(gaps.result(), down_ms=down_ms), "agent_down_periods"
-            )
-        )
-    return Findings(
-        status=status,
-        lost=lost.result(),
-        duplicates=found_twice.result(),
-        overlaps=overlaps.result(),
-        reclaims=reclaims.result(),
-        latency=timelines.reclaim_latency(reclaims.result()),
-        histogram=histogram.result(),
-        availability=availability.result(),
-        down_periods=down_periods.result(),
-        dead_letter_rate=rate.result(),
-        dead_letters=dead,
-        pending_over_time=over_time.result(),
-        sightings=sightings.result(),
-        reports=reports,
+    found = {name: future.result() for name, future in rest.items()}
+    latency = timelines.reclaim_latency(found["reclaims"])
+    return Findings(status=status, dead_letters=dead, reports=reports, latency=latency, **found)
+
+
+def _write_the_rest(
+    pool: ThreadPoolExecutor,
+    out: _Parquet,
+    events: DataFrame,
+    intervals: DataFrame | None,
+    *,
+    status: DataFrame,
+    facts: DataFrame,
+    reports: DataFrame,
+    window_end: datetime,
+    down_ms: int,
+    span_ms: float,
+) -> dict[str, Future[DataFrame]]:
+    """The small jobs after the per-entry table, written a few at a time (their time is mostly
+    latency: planning, scheduling, file commits). Each waits only for jobs submitted before it,
+    so the pool cannot stall on its own queue. Returns the futures by `Findings` field."""
+    from rig_conductor.audit import duplicates, tallies, timelines
+    from rig_conductor.audit import reconcile as rc
+
+    def table(name: str, make: Make, *, one_file: bool = True) -> Future[DataFrame]:
+        return pool.submit(lambda: out.table(make(), name, one_file=one_file))
+
+    def staged(name: str, make: Make) -> Future[DataFrame]:
+        return pool.submit(lambda: out.staged(make(), name))
+
+    found: dict[str, Future[DataFrame]] = {}
+    # Only entries worked under several attempts can overlap: their reports, not all.
+    reattempted = staged("reattempted", lambda: rc.reattempted(facts))
+    several = staged("several", lambda: duplicates.completed_by_several(reports))
+    found["reclaims"] = table("reclaims", lambda: timelines.reclaims(events), one_file=False)
+    gaps = staged(
+        "gaps", lambda: timelines.heartbeat_gaps(events, intervals, window_end=window_end)
     )
+    found["lost"] = table("lost", lambda: tallies.lost(status))
+    found["dead_letter_rate"] = table("dead_letter_rate", lambda: tallies.dead_letter_rate(status))
+    bucket_ms = timelines.choose_bucket_ms(span_ms)
+    found["pending_over_time"] = table(
+        "pending_over_time", lambda: timelines.pending_over_time(status, bucket_ms=bucket_ms)
+    )
+    found["sightings"] = table("detector_sightings", lambda: timelines.detector_sightings(events))
+    found["overlaps"] = table(
+        "overlapping_attempts",
+        lambda: duplicates.overlapping_attempts(reports, reattempted.result()),
+    )
+    found["duplicates"] = table(
+        "duplicates",
+        lambda: duplicates.duplicates(reports, found["overlaps"].result(), several.result()),
+    )
+    found["histogram"] = table(
+        "reclaim_latency_histogram",
+        lambda: timelines.latency_histogram(found["reclaims"].result(), LATENCY_BINS),
+    )
+    found["availability"] = table(
+        "availability", lambda: timelines.availability(gaps.result(), down_ms=down_ms)
+    )
+    found["down_periods"] = table(
+        "agent_down_periods", lambda: timelines.down_periods(gaps.result(), down_ms=down_ms)
+    )
+    return found

@@ -22,21 +22,18 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rig_conductor.settings import Settings, SettingsError, load_settings
-
-if TYPE_CHECKING:
-    pass
 from rig_conductor.audit.job import run
 from rig_conductor.audit.session import (
     AuditError,
     AuditOptions,
-    _ms_since,
     describe,
     preflight,
     spark_session,
 )
+from rig_conductor.audit.stages import ms_since
+from rig_conductor.settings import Settings, SettingsError, load_settings
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +132,7 @@ def main(args: argparse.Namespace, settings: Settings) -> int:
     except Exception as exc:
         logger.error("Spark did not start: %s", describe(exc))
         return EXIT_FAILED
-    timings = {"sparkStartMs": _ms_since(started)}
+    timings = {"sparkStartMs": ms_since(started)}
     try:
         summary = run(spark, settings=settings, options=options, source=source, timings=timings)
     except Exception as exc:

@@ -366,7 +366,7 @@ def _judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> Da
     reports, attempts, fenced_reports, last_report_kind, last_report_by, last_report_at,
     finished_at.
     """
-    held = pending.groupBy(*ENTRY).agg(
+    pending_by_entry = pending.groupBy(*ENTRY).agg(
         F.array_sort(F.collect_set("state")).alias("pending_states"),
         F.array_sort(F.collect_set("group_name")).alias("pending_groups"),
         F.array_sort(F.collect_set("consumer")).alias("pending_consumers"),
@@ -374,7 +374,7 @@ def _judged_entries(facts: DataFrame, dead: DataFrame, pending: DataFrame) -> Da
     lettered = dead.select(
         *ENTRY, "dead_lettered_at", F.col("sources").alias("dead_letter_sources")
     )
-    joined = facts.join(lettered, ENTRY, "left").join(held, ENTRY, "left")
+    joined = facts.join(lettered, ENTRY, "left").join(pending_by_entry, ENTRY, "left")
     status = (
         F.when(F.col("completed_at").isNotNull(), F.lit(COMPLETED))
         .when(F.col("dead_lettered_at").isNotNull(), F.lit(DEAD))

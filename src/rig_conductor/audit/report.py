@@ -1,18 +1,20 @@
 """The audit's human-readable output: three PNG plots and a self-contained report.html.
 
 Takes plain Python values that `main` collected from the findings; no Spark here. Figures use
-matplotlib's object API on the Agg canvas: no pyplot state and no display needed.
+matplotlib's object API on the Agg canvas: no pyplot state and no display needed. The page is
+templates/report.html (Jinja2, autoescaped), shipped in the wheel as package data; this module
+only picks the values it shows.
 """
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from jinja2 import Environment, PackageLoader, StrictUndefined
 from matplotlib import dates
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -189,23 +191,6 @@ def write_plots(directory: Path, summary: Mapping[str, Any], data: ReportData) -
     return [LATENCY_PNG, AVAILABILITY_PNG, PENDING_PNG]
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], total: int | None = None) -> str:
-    if not rows:
-        return "<p class='none'>None.</p>"
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row) + "</tr>"
-        for row in rows[:MAX_TABLE_ROWS]
-    )
-    more = total if total is not None else len(rows)
-    note = (
-        f"<p class='none'>First {MAX_TABLE_ROWS} of {more}; all rows are in the Parquet table.</p>"
-        if more > MAX_TABLE_ROWS
-        else ""
-    )
-    return f"<table><tr>{head}</tr>{body}</table>{note}"
-
-
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -216,23 +201,49 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1100px; }
-table { border-collapse: collapse; margin: 0.5em 0 1.5em; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; }
-th { background: #f2f2f2; }
-.none { color: #666; font-style: italic; }
-img { max-width: 100%; border: 1px solid #eee; margin-bottom: 1.5em; }
-code { background: #f6f6f6; padding: 0 0.2em; }
-"""
+_PAGES = Environment(
+    loader=PackageLoader("rig_conductor.audit", "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    keep_trailing_newline=True,
+)
+_PAGES.filters["cell"] = _cell
+_PAGES.globals["max_rows"] = MAX_TABLE_ROWS
 
 
 def write_html(
     path: Path, summary: Mapping[str, Any], data: ReportData, plots: Sequence[str]
 ) -> None:
+    """report.html from templates/report.html: the headline, the plots, the listed findings."""
     window = summary.get("window", {})
+    page = _PAGES.get_template("report.html").render(
+        tenant=str(summary.get("tenant", "")),
+        since=str(window.get("since") or "start of log"),
+        until=str(window.get("until") or window.get("end") or "now"),
+        events=f"{summary.get('events', 0):,}",
+        down_ms=f"{summary.get('agentDownMs', 0):,}",
+        headline=_headline(summary),
+        plots=plots,
+        lost=[(d["stream"], d["entryId"], d["issueId"]) for d in summary["lost"]],
+        lost_count=summary.get("lostCount"),
+        duplicates=[(d["issueId"], d["consumers"]) for d in summary["duplicates"]],
+        duplicate_count=summary.get("duplicateCount"),
+        rates=[
+            (r["stream"], r["dispatched"], r["deadLettered"], r["rate"])
+            for r in summary.get("deadLetterRate", [])
+        ],
+        agents=[
+            (a["agentId"], a["availability"], a["downMs"], a["downPeriods"], a["downAtEnd"])
+            for a in summary.get("agents", [])
+        ],
+        tables=[(name, f"{rel}/") for name, rel in sorted(data.tables.items())],
+    )
+    path.write_text(page, encoding="utf-8")
+
+
+def _headline(summary: Mapping[str, Any]) -> list[tuple[str, Any]]:
     latency = summary["reclaimLatencyMs"]
-    headline = [
+    return [
         ("dispatched", summary["dispatched"]),
         ("completed", summary["completed"]),
         ("dead-lettered", summary["deadLettered"]),
@@ -250,43 +261,3 @@ def write_html(
             f"{latency['p50']:,} / {latency['p95']:,} / {latency['max']:,}",
         ),
     ]
-    lost_rows = [(d["stream"], d["entryId"], d["issueId"]) for d in summary["lost"]]
-    duplicate_rows = [(d["issueId"], d["consumers"]) for d in summary["duplicates"]]
-    rate_rows = [
-        (r["stream"], r["dispatched"], r["deadLettered"], r["rate"])
-        for r in summary.get("deadLetterRate", [])
-    ]
-    agent_rows = [
-        (a["agentId"], a["availability"], a["downMs"], a["downPeriods"], a["downAtEnd"])
-        for a in summary.get("agents", [])
-    ]
-    table_rows = [(name, f"{rel}/") for name, rel in sorted(data.tables.items())]
-    images = "".join(f"<img src='{html.escape(p)}' alt='{html.escape(p)}'>" for p in plots)
-    page = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>rig-conductor audit</title>
-<style>{_STYLE}</style></head><body>
-<h1>rig-conductor audit</h1>
-<p>Tenant <code>{html.escape(str(summary.get("tenant", "")))}</code>,
-window {html.escape(str(window.get("since") or "start of log"))} to
-{html.escape(str(window.get("until") or window.get("end") or "now"))};
-{summary.get("events", 0):,} events read.</p>
-{_table(["finding", "value"], headline)}
-{images}
-<h2>Lost entries</h2>
-<p>Dispatched, never completed, not dead-lettered and no longer pending.</p>
-{_table(["stream", "entry", "issue"], lost_rows, summary.get("lostCount"))}
-<h2>Duplicate work</h2>
-<p>Issues completed by more than one consumer, or with an older attempt reporting after a
-newer one had started.</p>
-{_table(["issue", "consumers"], duplicate_rows, summary.get("duplicateCount"))}
-<h2>Dead-letter rate per stream</h2>
-{_table(["stream", "dispatched", "dead-lettered", "rate"], rate_rows)}
-<h2>Agent availability</h2>
-<p>A heartbeat gap longer than {summary.get("agentDownMs", 0):,} ms counts as down time.</p>
-{_table(["agent", "availability", "down ms", "down periods", "down at end"], agent_rows)}
-<h2>Tables</h2>
-{_table(["Parquet table", "path"], table_rows)}
-<p>Full numbers: <a href="summary.json">summary.json</a>.</p>
-</body></html>
-"""
-    path.write_text(page, encoding="utf-8")

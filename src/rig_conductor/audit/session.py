@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -24,8 +23,6 @@ if TYPE_CHECKING:
     from rig_conductor.audit.sources import JdbcSource
 
 logger = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 JDBC_JAR_ENV = "RIG_JDBC_JAR"
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
@@ -127,10 +124,6 @@ def describe(exc: BaseException) -> str:
     name, _, message = root.partition(": ")
     short = name.rsplit(".", 1)[-1]
     return f"{line} ({short}: {message})" if message else f"{line} ({short})"
-
-
-def _ms_since(started: float) -> int:
-    return round((time.perf_counter() - started) * 1000)
 
 
 # -------------------------------------------------------------------------------------- session

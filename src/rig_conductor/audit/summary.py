@@ -17,13 +17,11 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, Row
 
     from rig_conductor.audit import report
-    from rig_conductor.audit.job import Findings, Loaded
     from rig_conductor.audit.sources import RedisSnapshot
-from rig_conductor.audit.session import AuditOptions, _ms_since
+from rig_conductor.audit.session import AuditOptions
+from rig_conductor.audit.stages import Findings, Loaded, ms_since
 
 logger = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 LATENCY_BINS = 40
 TIMELINE_DOWN_PERIODS = 20_000  # down periods drawn in the availability plot, at most
@@ -222,7 +220,7 @@ def write_outputs(
     summary["plots"] = plots
     report.write_html(directory / "report.html", summary, data, plots)
     if timings is not None:
-        summary["timingsMs"] = {**timings, "writeMs": _ms_since(started)}
+        summary["timingsMs"] = {**timings, "writeMs": ms_since(started)}
     partial = directory / "summary.json.partial"
     _write_summary(partial, summary, findings)
     partial.replace(directory / "summary.json")

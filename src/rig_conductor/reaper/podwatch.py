@@ -8,10 +8,8 @@
 - `PodWatch` watches the same pods in a worker thread and calls `on_gone(pod_name)` on the event
   loop as soon as a pod is deleted or finishes, for a targeted reclaim between scans.
 
-The rules (Reaper rules 3-4 of the contract):
-- a pod that exists and is Pending or Running is LIVE, also while terminating (deletionTimestamp
-  set): its containers may still be acking until the pod object is removed;
-- Succeeded or Failed is GONE; phase Unknown (node unreachable) or no phase is UNKNOWN;
+The rules (Reaper rules 3-4 of the contract); what one answer about a pod means, and which of
+two racing answers wins, are decided in policy/pods.py:
 - a pod absent from a successful list is GONE when it was positively seen as a pod of this
   namespace + selector before: by this process (in memory, bounded, oldest gone pods first) or
   by any conductor of the tenant (the `pods_seen` table: a restart or a new leader remembers).
@@ -44,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import kubernetes
 from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.domain import ConsumerName, PodName, PodState
+from rig_conductor.policy import pods
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -51,19 +50,6 @@ logger = logging.getLogger(__name__)
 OnGone = Callable[[PodName], Awaitable[object]]
 
 PROBE_LIMIT = 100  # GETs by name per scan, for consumers the pod list does not show
-_LIVE_PHASES = frozenset({"Pending", "Running"})
-_FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
-# When two answers about one pod race, the one that moves less work wins.
-_CAUTION = {PodState.LIVE: 0, PodState.UNKNOWN: 1, PodState.GONE: 2}
-
-
-def pod_state(pod: kubernetes.PodObservation) -> PodState:
-    """The state of a pod that exists. A terminating pod is still LIVE: it may still ack."""
-    if pod.phase in _LIVE_PHASES:
-        return PodState.LIVE
-    if pod.phase in _FINISHED_PHASES:
-        return PodState.GONE
-    return PodState.UNKNOWN
 
 
 def api_client(settings: Settings, *, environ: Mapping[str, str]) -> k8s_client.ApiClient | None:
@@ -112,14 +98,14 @@ class PodTracker:
         Seen pods missing from it are GONE. Returns the pods that turned GONE: none on the very
         first list (pods that finished before this process started are not news).
         """
-        listed = {pod.name: pod_state(pod) for pod in listing.pods}
+        listed = {pod.name: pods.pod_state(pod.phase) for pod in listing.pods}
         for name in self._states:
             listed.setdefault(name, PodState.GONE)
         turned: list[PodName] = []
         for name, state in listed.items():
             if self._stamps.get(name, -1) > since:
                 # The watch said something after this list was requested: keep the safer answer.
-                state = min(state, self._states[name], key=_CAUTION.__getitem__)
+                state = pods.safer(state, self._states[name])
             if self._record(name, state):
                 turned.append(name)
         self._synced = True
@@ -131,7 +117,7 @@ class PodTracker:
         pod = event.pod
         if pod is None:
             return None
-        state = PodState.GONE if event.type == "DELETED" else pod_state(pod)
+        state = pods.event_state(event.type, pod.phase)
         turned = self._record(pod.name, state)
         self._forget()
         return pod.name if turned else None
@@ -252,7 +238,7 @@ class PodLiveness:
             except kubernetes.KubernetesUnavailable as exc:
                 logger.info("Pod %s: GET by name failed, left unknown: %s", consumer, exc)
                 continue
-            found[consumer] = PodState.ABSENT if pod is None else pod_state(pod)
+            found[consumer] = PodState.ABSENT if pod is None else pods.pod_state(pod.phase)
             self._remember_absent(PodName(consumer), pod is None)
         return found
 
