@@ -210,6 +210,7 @@ class Agent:
             except (ConductorUnavailable, ConductorRejected) as exc:
                 logger.warning("Heartbeat failed: %s", exc)
             except TimeoutError:
+                _unless_cancelled()
                 logger.warning("Heartbeat failed: no answer within %.1fs", interval)
             await asyncio.sleep(interval)
 
@@ -484,3 +485,15 @@ __all__ = [
     "LeaseLost",
     "consumer_name",
 ]
+
+
+def _unless_cancelled() -> None:
+    """Raise CancelledError if the current task is being cancelled.
+
+    On Python 3.11, `asyncio.timeout` can turn a cancellation that arrives as its deadline
+    passes into a TimeoutError: the stop's cancel would be swallowed, and the heartbeat loop
+    would go on for ever while shutdown waits for it.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
