@@ -32,6 +32,9 @@ CONTRACT = {
     "rig_audit_lost_entries": ("gauge", set()),
     "rig_audit_duplicate_issues": ("gauge", set()),
     "rig_audit_last_finished_timestamp_seconds": ("gauge", set()),
+    # Beyond the contract: blind spells, the time no conductor could take heartbeats in.
+    "rig_blind_seconds_total": ("counter", set()),
+    "rig_reaper_blind_seconds": ("gauge", set()),
 }
 CONTRACT_METRICS = set(CONTRACT)
 # Labels the scrape adds (static config, or prometheus-operator's ServiceMonitor).
