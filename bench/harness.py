@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import engine as pg_engine
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.domain import AgentId, ConsumerName
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: tests/ helpers
@@ -225,10 +225,10 @@ async def deliver(redis: Redis, stream: str, reads: Sequence[tuple[str, int]]) -
 
 async def heartbeat(engine: AsyncEngine, pairs: Sequence[tuple[str, str]]) -> None:
     """One HEARTBEAT per agent and one per consumer of the (agent, consumer) pairs, now."""
-    beats = [queries.HeartbeatIn(AgentId(a)) for a in sorted({a for a, _ in pairs})]
-    beats += [queries.HeartbeatIn(AgentId(a), ConsumerName(c)) for a, c in pairs]
+    beats = [intake.HeartbeatIn(AgentId(a)) for a in sorted({a for a, _ in pairs})]
+    beats += [intake.HeartbeatIn(AgentId(a), ConsumerName(c)) for a, c in pairs]
     for batch in (beats[start : start + 1_000] for start in range(0, len(beats), 1_000)):
-        await queries.record_heartbeats(engine, tenant=TENANT, heartbeats=batch)
+        await intake.record_heartbeats(engine, tenant=TENANT, heartbeats=batch)
 
 
 def consumers(agents: Sequence[str], count: int) -> list[tuple[str, str]]:

@@ -29,7 +29,7 @@ from sqlalchemy import text  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters import redis_streams  # noqa: E402
-from rig_conductor.adapters.postgres import audits, queries, work  # noqa: E402
+from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,
@@ -163,11 +163,11 @@ class World:
         self.entries[new_label] = (stream, entry)
 
     async def heartbeat(self, *consumers: str) -> None:
-        await queries.record_heartbeats(
+        await intake.record_heartbeats(
             self.engine,
             tenant=TENANT,
             heartbeats=[
-                queries.HeartbeatIn(AgentId(agent_of(c)), ConsumerName(c)) for c in consumers
+                intake.HeartbeatIn(AgentId(agent_of(c)), ConsumerName(c)) for c in consumers
             ],
         )
 

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, Span
@@ -92,7 +92,7 @@ async def test_failing_heartbeat_writes_are_no_listening(database_url: str) -> N
     writer.start()
     try:
         with pytest.raises(Exception, match="no_such_database"):
-            await writer.submit(queries.HeartbeatIn(AgentId("a")))
+            await writer.submit(intake.HeartbeatIn(AgentId("a")))
     finally:
         await writer.stop()
 

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.domain import AgentId, ConsumerName
 
 from .helpers import fill, owners, read, register
@@ -65,10 +65,10 @@ async def test_reap_once_prints_the_report_as_json(
     ids = await fill(redis, "rig:dispatch", "g", 2)
     await read(redis, "rig:dispatch", "g", "dev-e-0", 2)
     await register(redis, "rig:dispatch", "g", "qa-e-0")
-    await queries.record_heartbeats(
+    await intake.record_heartbeats(
         engine,
         tenant="default",
-        heartbeats=[queries.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))],
+        heartbeats=[intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))],
     )
     await asyncio.sleep(0.15)
     dry = await asyncio.to_thread(run, "reap", "--once", "--dry-run", env=env)

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import intake, queries, work
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.reaper import cycle
@@ -26,11 +26,11 @@ CODEX, CLAUDE = "review-e-codex-0", "review-e-0"
 
 async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> datetime:
     """One batch of (agent, consumer, degraded); the receipt time."""
-    return await queries.record_heartbeats(
+    return await intake.record_heartbeats(
         engine,
         tenant="default",
         heartbeats=[
-            queries.HeartbeatIn(
+            intake.HeartbeatIn(
                 AgentId(a), ConsumerName(c) if c else None, d, ("quota",) if d else ()
             )
             for a, c, d in beats

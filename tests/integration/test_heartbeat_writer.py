@@ -11,15 +11,15 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.domain import AgentId, ConsumerName
 
 from .helpers import heartbeats_stored
 
 
-def beat(agent: str, n: int = 0) -> queries.HeartbeatIn:
-    return queries.HeartbeatIn(AgentId(agent), ConsumerName(f"{agent}-{n}"))
+def beat(agent: str, n: int = 0) -> intake.HeartbeatIn:
+    return intake.HeartbeatIn(AgentId(agent), ConsumerName(f"{agent}-{n}"))
 
 
 class Commits:
@@ -28,7 +28,7 @@ class Commits:
     def __init__(self) -> None:
         self.batches: list[list[str]] = []
 
-    def __call__(self, batch: Sequence[queries.HeartbeatIn]) -> None:
+    def __call__(self, batch: Sequence[intake.HeartbeatIn]) -> None:
         self.batches.append([hb.consumer or "" for hb in batch])
 
 
@@ -132,7 +132,7 @@ async def test_stop_writes_what_is_queued_then_refuses_more(
 async def test_a_failing_commit_hook_does_not_fail_the_heartbeats(
     database_url: str, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken(batch: Sequence[queries.HeartbeatIn]) -> None:
+    def broken(batch: Sequence[intake.HeartbeatIn]) -> None:
         raise ValueError("metrics backend exploded")
 
     writer = HeartbeatWriter(database_url, tenant="default", on_commit=broken)

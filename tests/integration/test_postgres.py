@@ -9,22 +9,22 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import engine as pg_engine
-from rig_conductor.adapters.postgres import migrations, queries
+from rig_conductor.adapters.postgres import intake, migrations, queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
 
 from .helpers import heartbeats_stored
 
-HB = queries.HeartbeatIn
+HB = intake.HeartbeatIn
 
 
 async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEngine) -> None:
-    first = await queries.record_heartbeats(
+    first = await intake.record_heartbeats(
         engine,
         tenant="default",
         heartbeats=[HB(AgentId("dev-e"), ConsumerName("dev-e-0")), HB(AgentId("qa-e"))],
     )
-    second = await queries.record_heartbeats(
+    second = await intake.record_heartbeats(
         engine,
         tenant="default",
         heartbeats=[
@@ -47,7 +47,7 @@ async def test_heartbeats_keep_the_latest_state_and_every_event(engine: AsyncEng
 
 
 async def test_tenants_are_separate(engine: AsyncEngine) -> None:
-    await queries.record_heartbeats(engine, tenant="acme", heartbeats=[HB(AgentId("dev-e"))])
+    await intake.record_heartbeats(engine, tenant="acme", heartbeats=[HB(AgentId("dev-e"))])
     assert (await queries.list_agents(engine, tenant="default"))[1] == []
     evidence = await queries.load_evidence(
         engine, tenant="default", configured_agents=["x"], down_ms=60_000
@@ -56,7 +56,7 @@ async def test_tenants_are_separate(engine: AsyncEngine) -> None:
 
 
 async def test_evidence_is_judged_at_the_database_clock(engine: AsyncEngine) -> None:
-    stamped = await queries.record_heartbeats(
+    stamped = await intake.record_heartbeats(
         engine, tenant="default", heartbeats=[HB(AgentId("dev-e"), ConsumerName("dev-e-0"))]
     )
     evidence = await queries.load_evidence(
@@ -137,7 +137,7 @@ async def test_heartbeats_extend_an_interval_until_a_gap_or_a_change(engine: Asy
     the break, or another `degraded`, ends it as one `liveness` row."""
     beat = [HB(AgentId("dev-e"), ConsumerName("dev-e-0"))]
     for _ in range(5):
-        await queries.record_heartbeats(engine, tenant="default", heartbeats=beat)
+        await intake.record_heartbeats(engine, tenant="default", heartbeats=beat)
     assert await intervals(engine) == []
     async with engine.connect() as conn:
         open_beats = (
@@ -156,7 +156,7 @@ async def test_heartbeats_extend_an_interval_until_a_gap_or_a_change(engine: Asy
 
     # `degraded` changes: the healthy interval of the agent and of the consumer ends.
     degraded = [HB(AgentId("dev-e"), ConsumerName("dev-e-0"), True, ("quota",))]
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=degraded)
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=degraded)
     assert sorted(await intervals(engine), key=str) == sorted(
         [("dev-e", None, False, 5), ("dev-e", "dev-e-0", False, 5)], key=str
     )
@@ -167,7 +167,7 @@ async def test_heartbeats_extend_an_interval_until_a_gap_or_a_change(engine: Asy
             await conn.execute(
                 text(f"UPDATE {table} SET last_heartbeat_at = now() - interval '2 minutes'")
             )
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=degraded, break_ms=60_000)
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=degraded, break_ms=60_000)
     ended = await intervals(engine)
     assert sorted(ended[2:], key=str) == sorted(
         [("dev-e", None, True, 1), ("dev-e", "dev-e-0", True, 1)], key=str

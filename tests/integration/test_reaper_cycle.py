@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
 from rig_conductor.adapters.postgres import engine as pg
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.reaper import cycle
@@ -39,11 +39,11 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 
 async def beat(engine: AsyncEngine, agent: str, consumer: str | None = None) -> None:
-    await queries.record_heartbeats(
+    await intake.record_heartbeats(
         engine,
         tenant="default",
         heartbeats=[
-            queries.HeartbeatIn(AgentId(agent), ConsumerName(consumer) if consumer else None)
+            intake.HeartbeatIn(AgentId(agent), ConsumerName(consumer) if consumer else None)
         ],
     )
 

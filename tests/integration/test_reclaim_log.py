@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
 
@@ -40,8 +40,8 @@ async def plant(redis: Redis, engine: AsyncEngine) -> None:
             pipe.xreadgroup(G, f"dev-e-{n}", {S: ">"}, count=ENTRIES // DEAD)
         await pipe.execute()
     await redis.xgroup_createconsumer(S, G, "qa-e-0")
-    live = [queries.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=live)
+    live = [intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=live)
     await asyncio.sleep(0.15)
 
 
@@ -157,8 +157,8 @@ async def test_a_newline_in_a_consumer_name_forges_no_line(
         await redis.xadd(S, {"issueId": f"rc-{i}"})
     await redis.xreadgroup(G, evil, {S: ">"}, count=3)
     await redis.xgroup_createconsumer(S, G, "qa-e-0")
-    live = [queries.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=live)
+    live = [intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=live)
     await asyncio.sleep(0.15)
     done = await asyncio.to_thread(reap, {**env, "RIG_LOG_FORMAT": log_format}, capture_output=True)
     assert done.returncode == 0, done.stderr[-2000:]

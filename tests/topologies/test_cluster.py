@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_keys, redis_streams
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.app import create_app
@@ -41,10 +41,10 @@ async def scene(
         await fill(client, stream, G, PER_STREAM)
         held[stream] = await read(client, stream, G, DEAD, PER_STREAM)
         await register(client, stream, G, LIVE)
-    await queries.record_heartbeats(
+    await intake.record_heartbeats(
         engine,
         tenant="default",
-        heartbeats=[queries.HeartbeatIn(AgentId("live"), ConsumerName(LIVE))],
+        heartbeats=[intake.HeartbeatIn(AgentId("live"), ConsumerName(LIVE))],
     )
     await asyncio.sleep(STALE_MS / 1000 + 0.05)
     return held

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.domain import AgentId, ConsumerName, GroupName, PodState, StreamKey
 from rig_conductor.policy.hygiene import ConsumerRemoval
 from rig_conductor.reaper.cleanup import delete_consumers, remove_consumers
@@ -37,10 +37,10 @@ def settings(make_settings: Callable[..., Settings]) -> Settings:
 
 
 async def beat(engine: AsyncEngine, *consumers: str) -> None:
-    await queries.record_heartbeats(
+    await intake.record_heartbeats(
         engine,
         tenant="default",
-        heartbeats=[queries.HeartbeatIn(AgentId("dev-e"), ConsumerName(c)) for c in consumers],
+        heartbeats=[intake.HeartbeatIn(AgentId("dev-e"), ConsumerName(c)) for c in consumers],
     )
 
 

@@ -16,7 +16,7 @@ from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, observe
@@ -66,8 +66,8 @@ async def three_pods(
         await register(redis, S, G, name)
         kube.add_pod(name, namespace="agents", labels=LABELS)
     named = PODS if dead_beats else PODS[:2]
-    beats = [queries.HeartbeatIn(AgentId("dev-e"), ConsumerName(n)) for n in named]
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=beats)
+    beats = [intake.HeartbeatIn(AgentId("dev-e"), ConsumerName(n)) for n in named]
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=beats)
     return ids
 
 

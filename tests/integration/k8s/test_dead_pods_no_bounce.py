@@ -18,7 +18,7 @@ from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId
 from rig_conductor.settings import Settings
@@ -74,8 +74,8 @@ async def test_two_dead_pods_do_not_trade_entries_after_the_api_recovers(
     ids = await fill(redis, S, G, 2)
     await read(redis, S, G, DEAD_A, 2)
     await register(redis, S, G, DEAD_B)
-    await queries.record_heartbeats(
-        engine, tenant="default", heartbeats=[queries.HeartbeatIn(AgentId("dev-e"))]
+    await intake.record_heartbeats(
+        engine, tenant="default", heartbeats=[intake.HeartbeatIn(AgentId("dev-e"))]
     )
     kube.inject(Fault("pods-list", status=500, times=5))
     app = create_app(settings, kube=api)

@@ -13,7 +13,7 @@ from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.reaper import cycle
 from rig_conductor.reaper.podwatch import PodLiveness
@@ -49,11 +49,11 @@ async def scene(
     await read(redis, S, G, OWNER, 3)
     await register(redis, S, G, PEER)
     await register(redis, S, G, LAPTOP)
-    await queries.record_heartbeats(
+    await intake.record_heartbeats(
         engine,
         tenant="default",
         heartbeats=[
-            queries.HeartbeatIn(AgentId("dev-e"), ConsumerName(name))
+            intake.HeartbeatIn(AgentId("dev-e"), ConsumerName(name))
             for name in (OWNER, PEER, LAPTOP)
         ],
     )

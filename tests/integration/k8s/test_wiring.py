@@ -14,7 +14,7 @@ from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import intake
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.settings import Settings
@@ -59,8 +59,8 @@ async def test_a_deleted_pod_frees_its_entries_through_the_watch(
     ids = await fill(redis, S, G, 3)
     await read(redis, S, G, OWNER, 3)
     await register(redis, S, G, PEER)
-    beats = [queries.HeartbeatIn(AgentId("dev-e"), ConsumerName(c)) for c in (OWNER, PEER)]
-    await queries.record_heartbeats(engine, tenant="default", heartbeats=beats)
+    beats = [intake.HeartbeatIn(AgentId("dev-e"), ConsumerName(c)) for c in (OWNER, PEER)]
+    await intake.record_heartbeats(engine, tenant="default", heartbeats=beats)
     for name in (OWNER, PEER):
         kube.add_pod(name, namespace="agents", labels=LABELS)
     app = create_app(settings, kube=api)

@@ -30,7 +30,7 @@ from typing import Any
 
 import psycopg
 
-from rig_conductor.adapters.postgres import listening, queries
+from rig_conductor.adapters.postgres import intake, listening
 from rig_conductor.domain import Span
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 MAX_BATCH = 1_000
 
 # Called with each batch once it is committed, before its requests are answered.
-OnCommit = Callable[[Sequence[queries.HeartbeatIn]], None]
+OnCommit = Callable[[Sequence[intake.HeartbeatIn]], None]
 # Called with each blind spell this replica's listening mark ended.
 OnSpellEnd = Callable[[Span], None]
 
@@ -51,7 +51,7 @@ class HeartbeatWriter:
         tenant: str,
         replica: str = "",
         slack_ms: int = 5_000,
-        break_ms: int = queries.DEFAULT_BREAK_MS,
+        break_ms: int = intake.DEFAULT_BREAK_MS,
         on_commit: OnCommit | None = None,
         on_spell_end: OnSpellEnd | None = None,
     ) -> None:
@@ -67,7 +67,7 @@ class HeartbeatWriter:
         self._row_id: int | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
-        self._queue: list[tuple[queries.HeartbeatIn, asyncio.Future[datetime]]] = []
+        self._queue: list[tuple[intake.HeartbeatIn, asyncio.Future[datetime]]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -76,7 +76,7 @@ class HeartbeatWriter:
         self._task = asyncio.create_task(self._run(), name="heartbeat-writer")
         self._ticker = asyncio.create_task(self._tick(), name="listening-marks")
 
-    async def submit(self, heartbeat: queries.HeartbeatIn) -> datetime:
+    async def submit(self, heartbeat: intake.HeartbeatIn) -> datetime:
         """Queue one heartbeat; returns the receipt time once it is committed."""
         if self._closing or self._task is None:
             raise RuntimeError("the heartbeat writer is not running")
@@ -119,7 +119,7 @@ class HeartbeatWriter:
                 return
 
     async def _write(
-        self, batch: list[tuple[queries.HeartbeatIn, asyncio.Future[datetime]]]
+        self, batch: list[tuple[intake.HeartbeatIn, asyncio.Future[datetime]]]
     ) -> None:
         heartbeats = [hb for hb, _ in batch]
         try:
@@ -157,7 +157,7 @@ class HeartbeatWriter:
             return
         try:
             if self._conn is None or self._conn.closed:
-                self._conn = await queries.connect_direct(self._url)
+                self._conn = await intake.connect_direct(self._url)
             mark = await listening.mark(
                 self._conn,
                 tenant=self._tenant,
@@ -185,10 +185,10 @@ class HeartbeatWriter:
         if self._on_spell_end is not None:
             self._on_spell_end(spell)
 
-    async def _record(self, heartbeats: list[queries.HeartbeatIn]) -> datetime:
+    async def _record(self, heartbeats: list[intake.HeartbeatIn]) -> datetime:
         if self._conn is None or self._conn.closed:
-            self._conn = await queries.connect_direct(self._url)
-        return await queries.record_heartbeats_on(
+            self._conn = await intake.connect_direct(self._url)
+        return await intake.record_heartbeats_on(
             self._conn, tenant=self._tenant, heartbeats=heartbeats, break_ms=self._break_ms
         )
 

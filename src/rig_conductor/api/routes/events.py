@@ -10,7 +10,7 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rig_conductor import roles
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import intake, work
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import AgentId, ConsumerName
@@ -87,7 +87,7 @@ async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> s
 
 async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
     await rt.heartbeats.submit(
-        queries.HeartbeatIn(
+        intake.HeartbeatIn(
             AgentId(event.agent_id),
             ConsumerName(event.consumer) if event.consumer else None,
             event.degraded,
