@@ -16,7 +16,7 @@ from rig_conductor import __version__, console
 from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
-from rig_conductor.api import errors
+from rig_conductor.api import errors, heartbeat_lane
 from rig_conductor.api.routes import deadletters, events, health, views
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import leader
@@ -133,6 +133,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.metrics = metrics
+    app.add_middleware(heartbeat_lane.HeartbeatLane)  # first added: innermost
     errors.install(app, tokens=tokens, root_path=settings.http_root_path, reviewer=reviewer)
     events.install(app)
     app.include_router(views.router, prefix="/api")

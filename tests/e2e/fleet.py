@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -60,6 +61,7 @@ class AgentProcess:
     consumer: str
     process: subprocess.Popen[bytes]
     log: Path
+    terminated: bool = False
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -69,15 +71,29 @@ class AgentProcess:
         self.process.send_signal(signal.SIGKILL)
         self.process.wait(timeout=STOP_TIMEOUT_S)
 
-    def stop(self) -> int:
-        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
-        if self.process.poll() is None:
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one tells the runtime to abandon its entry."""
+        if not self.terminated and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
+            self.terminated = True
+
+    def stop(self) -> int:
+        """SIGTERM and wait. One that does not exit in time writes where it is stuck into its
+        log (its asyncio tasks on SIGUSR1, `tests.e2e.handlers`; its threads on SIGABRT,
+        faulthandler), then is killed. Returns the exit code."""
+        if self.process.poll() is None:
+            self.terminate()
             try:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.process.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+                self.process.send_signal(signal.SIGABRT)
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
         return self.process.returncode
 
 
@@ -105,6 +121,7 @@ class Fleet:
         python_path = [p for p in (environment.get("PYTHONPATH"), str(REPO)) if p]
         environment.update(
             PYTHONPATH=os.pathsep.join(python_path),
+            PYTHONFAULTHANDLER="1",  # threads' stacks into the log on SIGABRT (`stop`)
             RIG_REDIS_URL=self.redis_url,
             RIG_CONDUCTOR_URL=self.conductor_url,
             RIG_HEARTBEAT_INTERVAL_S="0.5",
@@ -131,7 +148,20 @@ class Fleet:
         return agent
 
     def stop_all(self) -> dict[str, int]:
+        """SIGTERM to every agent at once, then each one's exit code."""
+        for agent in self.agents:
+            agent.terminate()
         return {agent.consumer: agent.stop() for agent in self.agents}
+
+    def logs(self, codes: dict[str, int], expected: dict[str, int]) -> str:
+        """The log tails of the agents whose exit code is not the expected one: the message of
+        a failed assertion on `stop_all()`'s codes."""
+        tails = [
+            f"--- {agent.consumer} exited {codes.get(agent.consumer)}:\n{agent.output()[-4000:]}"
+            for agent in self.agents
+            if codes.get(agent.consumer) != expected.get(agent.consumer)
+        ]
+        return "\n".join(tails)
 
     def __enter__(self) -> Fleet:
         return self

@@ -19,6 +19,9 @@ spent, it raises `Degraded("codex_quota_exhausted_until_<iso>")` with a pause of
 `hang` blocks on the issues named in `E2E_HANG_ISSUES` (comma list) while `E2E_HANG_FILE`
 exists, without reporting progress (a deadlocked CLI); other issues build like `build`.
 `hang_async` does the same in an `async def` handler, until it is cancelled.
+
+Importing this module makes SIGUSR1 print the stack of every asyncio task of the agent to its
+log: the fleet asks for it from an agent that does not stop in time.
 """
 
 from __future__ import annotations
@@ -26,12 +29,28 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rig_conductor.agent import Degraded, Entry
+
+
+def _print_tasks(signum: int, frame: object) -> None:
+    loop = asyncio._get_running_loop()  # the signal arrives in the loop's (main) thread
+    if loop is None:
+        print("SIGUSR1: no running event loop", file=sys.stderr, flush=True)
+        return
+    for task in asyncio.all_tasks(loop):
+        print(f"SIGUSR1: task {task.get_name()}:", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
+
+signal.signal(signal.SIGUSR1, _print_tasks)
 
 _lock = threading.Lock()
 _calls = 0

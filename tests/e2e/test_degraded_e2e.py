@@ -102,7 +102,7 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
             codes = fleet.stop_all()
         assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
 
-    assert set(codes.values()) == {0}
+    assert set(codes.values()) == {0}, fleet.logs(codes, dict.fromkeys(codes, 0))
     completions = await accepted_completions(engine, stream=STREAM)
     healthy_names = {consumer for _, consumer in HEALTHY}
     for entry_id in entries.values():

@@ -135,7 +135,7 @@ async def test_a_hung_handler_loses_its_entry_not_its_liveness(
             codes = fleet.stop_all()
         assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
 
-    assert set(codes.values()) == {0}
+    assert set(codes.values()) == {0}, fleet.logs(codes, dict.fromkeys(codes, 0))
     completions = await accepted_completions(engine)
     (done,) = completions[stuck]
     assert done.consumer == healthy.consumer
@@ -203,7 +203,7 @@ async def test_long_work_that_reports_progress_keeps_its_entry(
             codes = fleet.stop_all()
         assert "Reclaimed" not in conductor.stderr
 
-    assert set(codes.values()) == {0}
+    assert set(codes.values()) == {0}, fleet.logs(codes, dict.fromkeys(codes, 0))
     (completion,) = (await accepted_completions(engine))[entry]
     assert (completion.consumer, completion.attempt) == (worker.consumer, 1)
     progress = [kind for kind, _, fenced in await work_events(engine, entry) if not fenced]

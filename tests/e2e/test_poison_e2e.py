@@ -73,7 +73,8 @@ async def test_a_poison_entry_is_dead_lettered_after_max_deliveries(
             codes = fleet.stop_all()
         listed = (await api.get("/api/deadletters")).json()
 
-    assert codes == {agent.consumer: 0 for agent in agents}
+    expected = {agent.consumer: 0 for agent in agents}
+    assert codes == expected, fleet.logs(codes, expected)
     assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
 
     # Dead-lettered once, with the reason and the deliveries, the original fields kept.

@@ -70,7 +70,8 @@ async def test_a_killed_agents_entries_are_reclaimed_and_completed_exactly_once(
         deadletters = (await api.get("/api/deadletters")).json()
 
     survivor_names = {agent.consumer for agent in survivors}
-    assert codes == {victim.consumer: -9, **dict.fromkeys(survivor_names, 0)}
+    expected = {victim.consumer: -9, **dict.fromkeys(survivor_names, 0)}
+    assert codes == expected, fleet.logs(codes, expected)
     for agent in survivors:
         assert "Traceback" not in agent.output(), agent.output()[-3000:]
 

@@ -94,7 +94,8 @@ async def test_the_core_loop_on_each_topology(
     finally:
         await redis.aclose()
 
-    assert codes == {victim.consumer: -9, survivor.consumer: 0}, survivor.output()[-3000:]
+    expected = {victim.consumer: -9, survivor.consumer: 0}
+    assert codes == expected, fleet.logs(codes, expected)
     assert "Scan failed" not in conductor.stderr, conductor.stderr[-3000:]
     moved = {entry for entry, stream, source, _ in RECLAIMED.findall(conductor.stderr)
              if stream == STREAM and source == victim.consumer}  # fmt: skip

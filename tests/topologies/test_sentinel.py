@@ -81,7 +81,7 @@ async def test_conductor_and_agents_follow_a_failover_without_a_restart(
             assert conductor.process.poll() is None, "the conductor must survive the failover"
             codes = fleet.stop_all()
 
-    assert codes == {agent.consumer: 0}, agent.output()[-3000:]
+    assert codes == {agent.consumer: 0}, fleet.logs(codes, {agent.consumer: 0})
     # Every dispatch acknowledged before the kill reached the replica that is master now.
     client = redis_client.connect(env_settings(agent_side, database_url))
     try:

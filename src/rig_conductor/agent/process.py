@@ -73,12 +73,14 @@ async def run_agent(
         shutdown_grace_s=shutdown_grace_s,
         block_ms=block_ms,
     )
-    try:
-        with _signals(agent) if handle_signals else contextlib.nullcontext():
+    # The handlers stay until the clients are closed: a second SIGTERM while they close must
+    # not kill the process with the signal's default action.
+    with _signals(agent) if handle_signals else contextlib.nullcontext():
+        try:
             await agent.run()
-    finally:
-        await conductor.aclose()
-        await redis.aclose()
+        finally:
+            await conductor.aclose()
+            await redis.aclose()
 
 
 class MissingPermission(Exception):

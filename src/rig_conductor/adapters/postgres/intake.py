@@ -38,85 +38,11 @@ class HeartbeatIn:
 # gap longer than %(break)s, or with another `degraded` than the row's, ends it: the interval
 # is appended to `liveness` (read before the upsert, in the statement's snapshot) and a new one
 # starts now. Nothing else is appended: durable storage grows with changes, not with beats.
-# Constant text whatever the batch size: one statement, one round trip.
-_HEARTBEATS_SQL = """
-WITH batch AS (
-    SELECT item->>0 AS agent_id, item->>1 AS consumer, (item->>2)::boolean AS degraded,
-           item->3 AS reasons, ord
-      FROM jsonb_array_elements(%(batch)s::jsonb) WITH ORDINALITY AS b(item, ord)
-), latest_agent AS (
-    SELECT DISTINCT ON (agent_id) agent_id, degraded, reasons,
-           count(*) OVER w AS beats,
-           bool_or(consumer IS NULL) OVER w AS anonymous,
-           bool_and(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_all_degraded,
-           array_agg(degraded) FILTER (WHERE consumer IS NULL) OVER w AS anonymous_runs
-      FROM batch
-    WINDOW w AS (PARTITION BY agent_id ORDER BY ord
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)
-     ORDER BY agent_id, ord DESC
-), latest_consumer AS (
-    SELECT DISTINCT ON (consumer) consumer, agent_id, degraded, reasons,
-           count(*) OVER (PARTITION BY consumer) AS beats,
-           bool_and(degraded) OVER (PARTITION BY consumer) AS all_degraded
-      FROM batch WHERE consumer IS NOT NULL ORDER BY consumer, ord DESC
-), ended AS (
-    INSERT INTO liveness (tenant, agent_id, consumer, heard_from, heard_to, degraded, beats)
-    SELECT a.tenant, a.agent_id, NULL, COALESCE(a.heard_since, a.last_heartbeat_at),
-           a.last_heartbeat_at, a.degraded, a.beats
-      FROM agent_heartbeats a JOIN latest_agent l ON a.agent_id = l.agent_id
-     WHERE a.tenant = %(tenant)s
-       AND (a.last_heartbeat_at < now() - %(break)s OR a.degraded <> l.degraded)
-    UNION ALL
-    SELECT c.tenant, c.agent_id, c.consumer, COALESCE(c.heard_since, c.last_heartbeat_at),
-           c.last_heartbeat_at, c.degraded, c.beats
-      FROM consumer_heartbeats c JOIN latest_consumer l ON c.consumer = l.consumer
-     WHERE c.tenant = %(tenant)s
-       AND (c.last_heartbeat_at < now() - %(break)s OR c.degraded <> l.degraded)
-), agents AS (
-    INSERT INTO agent_heartbeats AS a (tenant, agent_id, last_heartbeat_at, degraded,
-                                       degraded_reasons, degraded_since, heard_since, beats)
-    SELECT %(tenant)s, agent_id, now(), degraded, reasons,
-           CASE WHEN anonymous_runs[array_upper(anonymous_runs, 1)] THEN now() END, now(), beats
-      FROM latest_agent ORDER BY agent_id
-    ON CONFLICT (tenant, agent_id) DO UPDATE
-       SET last_heartbeat_at = EXCLUDED.last_heartbeat_at, degraded = EXCLUDED.degraded,
-           degraded_reasons = EXCLUDED.degraded_reasons,
-           degraded_since = CASE
-               WHEN NOT (SELECT anonymous FROM latest_agent l WHERE l.agent_id = a.agent_id)
-                   THEN a.degraded_since
-               WHEN (SELECT anonymous_all_degraded FROM latest_agent l
-                      WHERE l.agent_id = a.agent_id)
-                   THEN COALESCE(a.degraded_since, now())
-               ELSE EXCLUDED.degraded_since END,
-           heard_since = CASE
-               WHEN a.last_heartbeat_at < now() - %(break)s OR a.degraded <> EXCLUDED.degraded
-                   THEN now() ELSE COALESCE(a.heard_since, a.last_heartbeat_at) END,
-           beats = CASE
-               WHEN a.last_heartbeat_at < now() - %(break)s OR a.degraded <> EXCLUDED.degraded
-                   THEN EXCLUDED.beats ELSE a.beats + EXCLUDED.beats END
-), consumers AS (
-    INSERT INTO consumer_heartbeats AS c (tenant, consumer, agent_id, last_heartbeat_at,
-                                          degraded, degraded_reasons, degraded_since,
-                                          heard_since, beats)
-    SELECT %(tenant)s, consumer, agent_id, now(), degraded, reasons,
-           CASE WHEN degraded THEN now() END, now(), beats
-      FROM latest_consumer ORDER BY consumer
-    ON CONFLICT (tenant, consumer) DO UPDATE
-       SET agent_id = EXCLUDED.agent_id, last_heartbeat_at = EXCLUDED.last_heartbeat_at,
-           degraded = EXCLUDED.degraded, degraded_reasons = EXCLUDED.degraded_reasons,
-           degraded_since = CASE
-               WHEN (SELECT all_degraded FROM latest_consumer l WHERE l.consumer = c.consumer)
-                   THEN COALESCE(c.degraded_since, now())
-               ELSE EXCLUDED.degraded_since END,
-           heard_since = CASE
-               WHEN c.last_heartbeat_at < now() - %(break)s OR c.degraded <> EXCLUDED.degraded
-                   THEN now() ELSE COALESCE(c.heard_since, c.last_heartbeat_at) END,
-           beats = CASE
-               WHEN c.last_heartbeat_at < now() - %(break)s OR c.degraded <> EXCLUDED.degraded
-                   THEN EXCLUDED.beats ELSE c.beats + EXCLUDED.beats END
-)
-SELECT now()
-"""
+# The statement is the function `rig_record_heartbeats` (migration 0014), so that PostgreSQL
+# plans it once per connection rather than once per batch (planning was most of a batch's time),
+# with nothing prepared on the connection (PgBouncer). Constant text whatever the batch size:
+# one statement, one round trip.
+_HEARTBEATS_SQL = "SELECT rig_record_heartbeats(%(tenant)s, %(batch)s::jsonb, %(break)s)"
 
 
 # A gap longer than this between two heartbeats ends a liveness interval (RIG_AGENT_DOWN_MS, so

@@ -59,20 +59,29 @@ async def post_event(event: Annotated[schemas.Event, Body()], request: Request) 
     # The runtime straight from the app, not through Depends: this route takes every heartbeat.
     rt: Runtime = request.app.state.runtime
     caller: roles.Caller = getattr(request.state, "caller", roles.ANONYMOUS)
-    if caller.binding is not None:
-        refused = await _refusal(event, caller, rt)
-        if refused is not None:
-            logger.warning("Refused %s from %s: %s", event.type, caller.who, refused)
-            return JSONResponse({"detail": refused}, status_code=403)
     if isinstance(event, schemas.HeartbeatEvent):
-        return await _heartbeat(event, rt)
+        return await heartbeat(event, caller, rt)
+    if (refused := await _refused_speaker(event, caller, rt)) is not None:
+        return refused
     if isinstance(event, schemas.IssueAssignedEvent):
         return await _dispatch(event, rt)
     return await _work(event, rt)
 
 
+async def _refused_speaker(
+    event: schemas.Event, caller: roles.Caller, rt: Runtime
+) -> Response | None:
+    """403 when a bound credential may not send `event` (contract: "Who may speak for whom")."""
+    if caller.binding is None:
+        return None
+    refused = await _refusal(event, caller, rt)
+    if refused is None:
+        return None
+    logger.warning("Refused %s from %s: %s", event.type, caller.who, refused)
+    return JSONResponse({"detail": refused}, status_code=403)
+
+
 async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> str | None:
-    """Why a bound credential may not send `event` (contract: "Who may speak for whom")."""
     assert caller.binding is not None
     if isinstance(event, schemas.IssueAssignedEvent):
         return "a credential bound to one agent may not dispatch"
@@ -85,7 +94,11 @@ async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> s
     )
 
 
-async def _heartbeat(event: schemas.HeartbeatEvent, rt: Runtime) -> Response:
+async def heartbeat(event: schemas.HeartbeatEvent, caller: roles.Caller, rt: Runtime) -> Response:
+    """A heartbeat, stored before the 202 is sent; from the route, or from the heartbeat's own
+    lane (`api.heartbeat_lane`) that most heartbeats take."""
+    if (refused := await _refused_speaker(event, caller, rt)) is not None:
+        return refused
     await rt.heartbeats.submit(
         intake.HeartbeatIn(
             AgentId(event.agent_id),
