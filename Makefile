@@ -57,6 +57,7 @@ bench: install
 	$(BIN)/python bench/recover.py
 	$(BIN)/python bench/audit.py
 	$(BIN)/python bench/console.py
+	$(BIN)/python bench/scale.py
 
 ## Chaos soak on servers of its own: agents SIGKILLed, conductors restarted and stopped, PostgreSQL
 ## stopped, Redis restarted empty; exit 1 on lost or doubled work or a live agent reclaimed.

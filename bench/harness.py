@@ -432,14 +432,15 @@ def wait_ready(child: subprocess.Popen[bytes], ready_url: str) -> None:
 @contextlib.contextmanager
 def process(
     command: Sequence[str], env: dict[str, str], ready_url: str, log: IO[bytes] | int
-) -> Iterator[None]:
-    """A server process, once `ready_url` answers 200, until SIGTERM (SIGKILL 40 s later)."""
+) -> Iterator[int]:
+    """A server process, once `ready_url` answers 200, until SIGTERM (SIGKILL 40 s later): its
+    pid."""
     child = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
     )
     try:
         wait_ready(child, ready_url)
-        yield
+        yield child.pid
     finally:
         if child.poll() is None:
             child.send_signal(signal.SIGTERM)
@@ -451,14 +452,23 @@ def process(
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[str]:
-    """`rig-conductor serve` on a free port, no scan for an hour: its base URL."""
+def serving(
+    env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL
+) -> Iterator[tuple[str, int]]:
+    """`rig-conductor serve` on a free port, no scan for an hour: its base URL and pid."""
     port = free_port()
     env = {**env, "RIG_HTTP_HOST": "127.0.0.1", "RIG_HTTP_PORT": str(port)}
     env.setdefault("RIG_STARTUP_DELAY_S", "3600")
     env.setdefault("RIG_ALLOW_ANONYMOUS", "true")  # open unless `env` sets tokens
     url = f"http://127.0.0.1:{port}"
-    with process([*COMMAND, "serve"], env, f"{url}/readyz", log):
+    with process([*COMMAND, "serve"], env, f"{url}/readyz", log) as pid:
+        yield url, pid
+
+
+@contextlib.contextmanager
+def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[str]:
+    """`serving`, its base URL only."""
+    with serving(env, log) as (url, _):
         yield url
 
 
