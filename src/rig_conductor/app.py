@@ -89,6 +89,7 @@ def create_app(
             reaper.scan_now,
             metrics,
             schema_head=pg.SCHEMA_HEAD,
+            measure=reaper.measure,
             topology=topology,
             tokens=tokens,
             pods=pods.tracker.states if pods else None,

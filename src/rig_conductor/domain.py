@@ -203,3 +203,37 @@ class Progress:
 
 class NotLeading(Exception):
     """A change (a non-dry scan) asked of a replica that is not the active reaper."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerMeasure:
+    """One of a group's consumers holding the most entries, as the last scan saw it."""
+
+    name: str
+    pending: int
+    idle_ms: int
+    agent_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMeasure:
+    """A group as the last scan measured it: what the views show without reading Redis."""
+
+    stream: str
+    group: str
+    pending: int
+    consumers: int
+    consumers_down: int  # consumers holding entries that rule 3 judges down
+    held_by_down: int  # the entries those consumers hold
+    oldest_idle_ms: int | None
+    top: tuple[ConsumerMeasure, ...]  # most pending first, at most TOP_CONSUMERS
+    dead_letters: int = 0  # in the stream's dead-letter stream
+
+
+@dataclass(frozen=True, slots=True)
+class FleetMeasure:
+    """The agents as the last scan judged them (down outranks degraded)."""
+
+    up: int
+    down: int
+    degraded: int

@@ -4,6 +4,7 @@ only through `scan`."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from rig_conductor.settings import Settings
 # Runs one scan now (after any scan in progress) and returns its report; raises
 # `domain.NotLeading` for a non-dry scan on a replica that is not the active reaper.
 ScanNow = Callable[[bool | None], Awaitable[ScanReport]]
+# Runs a dry-run scan for the views (its report not kept among the last scans).
+MeasureNow = Callable[[], Awaitable[None]]
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Runtime:
     scan: ScanNow
     metrics: Metrics
     schema_head: str | None
+    measure: MeasureNow
     # The servers holding streams (each primary of a cluster), for views that read them all.
     topology: Topology | None = None
     tokens: roles.Tokens | None = None
@@ -42,6 +46,8 @@ class Runtime:
     pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
     # The agents consumer names resolve against when a bound credential speaks.
     known_agents: KnownAgents = field(init=False)
+    # Held while a view measures the fleet anew (`operations.measured.fresh`): one at a time.
+    measuring: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
         bound = self.tokens.bound_agents if self.tokens is not None else frozenset()

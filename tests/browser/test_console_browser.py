@@ -14,6 +14,7 @@ import httpx
 import pytest
 from playwright.async_api import Browser, Page, expect
 from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.e2e.fleet import GROUP, STREAM, Fleet, conductor_env, heard_from, pending
 from tests.integration.helpers import serve, wait_for
@@ -56,6 +57,11 @@ async def dispatch(api: httpx.AsyncClient, issue: str) -> str:
     return entry_id
 
 
+async def agent_down(api: httpx.AsyncClient, agent: str) -> bool:
+    found = (await api.get(f"/api/agents/{agent}")).json()
+    return bool(found["down"])
+
+
 async def plant_dead_letter(redis: Redis, issue: str) -> str:
     return str(
         await redis.xadd(
@@ -77,9 +83,10 @@ async def plant_dead_letter(redis: Redis, issue: str) -> str:
 
 @pytest.fixture
 async def stuck(
-    redis: Redis, redis_url: str, database_url: str, tmp_path: Path
+    redis: Redis, redis_url: str, database_url: str, tmp_path: Path, engine: AsyncEngine
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient, Fleet, set[str]]]:
-    """A conductor, a survivor, and a SIGKILLed victim still holding its entries."""
+    """A conductor, a survivor, and a SIGKILLed victim still holding its entries (`engine`
+    empties the tables first: no scan of an earlier test is listed)."""
     out, hold = tmp_path / "out", tmp_path / "hold"
     hold.touch()
     async with (
@@ -109,8 +116,12 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     redis: Redis,
     screenshots: Path,
 ) -> None:
-    base, _, _, held = stuck
+    base, api, _, held = stuck
     victim = VICTIM[1]
+    # The views show what the last scan measured, and this conductor's schedule is off: a dry
+    # run once the victim's heartbeat is stale measures what the operator is about to see.
+    await wait_for(lambda: agent_down(api, VICTIM[0]), within=15)
+    assert (await api.post("/api/reaper/scan", params={"dryRun": "true"})).status_code == 200
     kept = await plant_dead_letter(redis, "rc-dead-keep")
     dropped = await plant_dead_letter(redis, "rc-dead-drop")
     requeued = await plant_dead_letter(redis, "rc-dead-requeue")
@@ -185,7 +196,8 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     await expect(manual).to_have_count(1)
     await expect(manual).to_contain_text("by operator:")
     await page.click("header nav >> text=Overview")
-    await expect(page.locator("#scans tbody tr")).to_have_count(2)  # the preview and the scan
+    # The dry run that measured what the operator saw first, the preview and the scan.
+    await expect(page.locator("#scans tbody tr")).to_have_count(3)
     await page.screenshot(path=screenshots / "overview-after.png", full_page=True)
 
 
@@ -267,9 +279,15 @@ async def test_the_console_works_under_a_root_path(
 
 
 async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
-    browser: Browser, redis: Redis, redis_url: str, database_url: str
+    browser: Browser, redis: Redis, redis_url: str, database_url: str, engine: AsyncEngine
 ) -> None:
-    async with serve(redis_url, database_url, **env()) as conductor:
+    """`engine` empties the tables first: no measurement of an earlier test is shown."""
+    async with (
+        serve(redis_url, database_url, **env()) as conductor,
+        httpx.AsyncClient(
+            base_url=conductor.url, headers={"Authorization": f"Bearer {AGENT}"}
+        ) as api,
+    ):
         page = await browser.new_page()
         polls: list[str] = []
         page.on(
@@ -279,7 +297,9 @@ async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
         await sign_in(page, conductor.url, VIEWER)
         await expect(page.locator("#groups tbody tr")).to_have_text(re.compile("No consumer"))
         await redis.xgroup_create(STREAM, "late-group", id="0", mkstream=True)
-        # No reload: the live part is fetched again within its period (5 s).
+        assert (await api.post("/api/reaper/scan", params={"dryRun": "true"})).status_code == 200
+        # No reload: the live part is fetched again within its period (5 s), with what the
+        # scan measured.
         await expect(page.locator("#groups")).to_contain_text("late-group", timeout=8_000)
         assert polls and "/ui" in polls[0]
         # Hidden tab: no more polling.

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.operations import views
+from rig_conductor.policy import measure
 from rig_conductor.settings import Settings
 
 from .console_kit import AGENT, VIEWER, builder, client_of, sign_in
@@ -79,7 +80,8 @@ async def test_all_three_read_the_one_read_model(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The API and the Agents page show `views.agents`' rows; the overview's tiles count the
-    registry with the same judgement (`views.state_of`), without listing it."""
+    registry, as the last scan measured it, with the same judgement (`measure.agent_state`),
+    without listing it."""
     judged = [
         views.AgentRow("a-e", datetime.now(UTC), 5, False, False, (), ("a-e-0",), 1),
         views.AgentRow("b-e", None, None, True, False, (), ()),
@@ -100,6 +102,8 @@ async def test_all_three_read_the_one_read_model(
     want = {"a-e": "up", "b-e": "down", "c-e": "degraded"}
     assert page_states((await client.get("/ui/agents")).text) == want
     assert tiles((await client.get("/ui")).text) == {"up": 0, "down": 4, "degraded": 0}
-    monkeypatch.setattr(views, "state_of", lambda **_: "degraded")
+    monkeypatch.setattr(measure, "agent_state", lambda **_: "degraded")
     assert set(page_states((await client.get("/ui/agents")).text).values()) == {"degraded"}
+    scan = await client.post("/api/reaper/scan", params={"dryRun": "true"}, headers=BEARER)
+    assert scan.status_code == 200, scan.text
     assert tiles((await client.get("/ui")).text) == {"up": 0, "down": 0, "degraded": 4}

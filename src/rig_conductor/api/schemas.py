@@ -153,11 +153,27 @@ class ConsumerView(Wire):
 
 
 class GroupView(Wire):
+    """A group as the last scan measured it (`asOf`): `consumers` lists at most 10, those
+    holding the most entries first; `consumerCount` counts them all."""
+
     stream: str
     group: str
     pending: int
     oldest_pending_idle_ms: int | None
     consumers: list[ConsumerView]
+    consumer_count: int
+    consumers_down: int
+    dead_letters: int
+    as_of: datetime
+
+
+class GroupConsumerView(ConsumerView):
+    """A consumer of one group, read live from Redis and judged by the reaper's rules."""
+
+    down: bool
+    down_reasons: list[str]
+    degraded: bool
+    heartbeat_age_ms: int | None
 
 
 class DeadLetterView(Wire):

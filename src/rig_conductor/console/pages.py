@@ -13,10 +13,12 @@ from fastapi.responses import HTMLResponse
 
 from rig_conductor.console import web
 from rig_conductor.console.session import Session
-from rig_conductor.operations import deadletters, views
+from rig_conductor.operations import deadletters, measured, views
 
 router = APIRouter(include_in_schema=False)
 PEL_PAGE = 100
+STREAMS_PAGE = 20  # streams per page of the console's streams page
+CONSUMERS_PAGE = 100  # consumers per page of a group's page
 DLQ_PAGE = 50
 HISTORY_ROWS = 200
 REASONS = ("pod-gone", "down", "degraded", "stalled", "manual")
@@ -29,7 +31,7 @@ Text = Annotated[str, Query(max_length=256)]
 @router.get("/")
 async def overview(request: Request, you: SessionDep) -> HTMLResponse:
     rt = web.runtime(request)
-    seen = await views.overview(rt)
+    seen = await measured.overview(rt)
     real = [s for s in reversed(seen.scans) if not s.dry_run]
     series = {
         "t": [int(s.finished_at.timestamp()) for s in real],
@@ -47,15 +49,55 @@ async def overview(request: Request, you: SessionDep) -> HTMLResponse:
     )
 
 
+@router.get("/streams")
+async def streams(
+    request: Request,
+    you: SessionDep,
+    after: Text | None = None,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = STREAMS_PAGE,
+) -> HTMLResponse:
+    """Every group, a page of streams at a time, as the last scan measured them."""
+    rows = await measured.streams(web.runtime(request), after=after, limit=limit)
+    shown = list(dict.fromkeys(m.group.stream for m in rows))
+    return web.page(
+        request,
+        "streams.html",
+        you,
+        rows=rows,
+        after=after,
+        limit=limit if limit != STREAMS_PAGE else None,
+        next_after=shown[-1] if len(shown) == limit else None,
+    )
+
+
 @router.get("/group")
-async def group(request: Request, you: SessionDep, stream: Text, name: Text) -> HTMLResponse:
+async def group(
+    request: Request,
+    you: SessionDep,
+    stream: Text,
+    name: Text,
+    after: Text | None = None,
+    limit: Annotated[int, Query(ge=1, le=views.MAX_PAGE)] = CONSUMERS_PAGE,
+) -> HTMLResponse:
+    """One group, read live, and a page of its consumers by name."""
     rt = web.runtime(request)
     stream = web.stream_key(request, stream)
     try:
-        info, consumers = await views.group(rt, stream=stream, name=name)
+        info, consumers = await views.group_consumers(
+            rt, stream=stream, name=name, after=after, limit=limit
+        )
     except LookupError as exc:
         return web.page(request, "error.html", you, status_code=404, message=str(exc))
-    return web.page(request, "group.html", you, group=info, consumers=consumers)
+    return web.page(
+        request,
+        "group.html",
+        you,
+        group=info,
+        consumers=consumers,
+        after=after,
+        limit=limit if limit != CONSUMERS_PAGE else None,
+        next_after=consumers[-1].name if len(consumers) == limit else None,
+    )
 
 
 @router.get("/pending")

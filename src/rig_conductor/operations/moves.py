@@ -158,7 +158,8 @@ async def _check_target(
     info = next((c for c in found.consumers if c.name == target), None)
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
-    fleet = Fleet(await views.evidence(rt), rt.settings.limits)
+    names = [c.name for c in found.consumers]  # the group's own: not every heartbeat row
+    fleet = Fleet(await views.evidence(rt, consumers=names), rt.settings.limits)
     candidate = fleet.target(info, stream=stream, group=found.name)
     if candidate is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")

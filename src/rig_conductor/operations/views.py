@@ -9,7 +9,8 @@ whole pending list.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from datetime import datetime
 from fnmatch import fnmatchcase
 
@@ -17,12 +18,14 @@ from rig_conductor.adapters import failures, redis_inspect, redis_keys, redis_re
 from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.domain import (
     AgentId,
+    ConsumerInfo,
     ConsumerName,
     Evidence,
     GroupInfo,
     GroupName,
     StreamKey,
 )
+from rig_conductor.policy import measure
 from rig_conductor.policy.liveness import Fleet, age_ms
 from rig_conductor.runtime import Runtime
 from rig_conductor.settings import Settings
@@ -30,18 +33,6 @@ from rig_conductor.settings import Settings
 AGENTS_PAGE = 100  # agents (or one agent's consumers) per page unless asked otherwise
 MAX_PAGE = 1_000
 LISTED_CONSUMERS = 10  # consumers listed with each agent of a page, the freshest
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRow:
-    stream: str
-    group: str
-    pending: int
-    consumers: int
-    oldest_idle_ms: int | None
-    dead_letters: int
-    down: int  # consumers down by rule 3
-    held_by_down: int  # entries those down consumers hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,22 +75,6 @@ class AgentRow:
         return state_of(down=self.down, degraded=self.degraded)
 
 
-@dataclass(frozen=True, slots=True)
-class AgentSummary:
-    up: int
-    down: int
-    degraded: int
-
-
-@dataclass(frozen=True, slots=True)
-class Overview:
-    now: datetime
-    groups: list[GroupRow]
-    agents: AgentSummary
-    scans: list[history.ScanRow]
-    nodes_failed: dict[str, str]
-
-
 def known_stream(settings: Settings, name: str) -> bool:
     """Whether a name a client sent is one of the streams the settings cover: the dispatch
     stream, a name RIG_STREAMS lists, or one of its patterns matches (a dead-letter stream
@@ -116,46 +91,15 @@ def known_stream(settings: Settings, name: str) -> bool:
     )
 
 
-async def evidence(rt: Runtime) -> Evidence:
+async def evidence(rt: Runtime, *, consumers: Collection[str] | None = None) -> Evidence:
+    """The reaper's evidence; with `consumers`, their own heartbeats only (a group's view)."""
     return await queries.load_evidence(
         rt.engine,
         tenant=rt.settings.tenant,
         configured_agents=rt.settings.agent_ids,
         down_ms=rt.settings.agent_down_ms,
         pods=rt.pods() if rt.pods is not None else None,
-    )
-
-
-async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
-    reading = await redis_reading.read(rt.servers(), rt.settings.streams)
-    known = await evidence(rt)
-    fleet = Fleet(known, rt.settings.limits)
-    groups = reading.groups
-    streams = sorted({g.stream for g in groups})
-    letters = dict(
-        zip(streams, await redis_inspect.dead_letter_counts(rt.redis, streams=streams), strict=True)
-    )
-    rows = []
-    for group in groups:
-        down = [c for c in group.consumers if fleet.is_down(c.name)]
-        rows.append(
-            GroupRow(
-                group.stream,
-                group.name,
-                group.pending,
-                len(group.consumers),
-                group.oldest_idle_ms,
-                letters.get(group.stream, 0),
-                len(down),
-                sum(c.pending for c in down),
-            )
-        )
-    return Overview(
-        known.now,
-        rows,
-        agent_summary(known, fleet),
-        await history.recent_scans(rt.engine, tenant=rt.settings.tenant, limit=scans),
-        dict(reading.failed),
+        consumers=consumers,
     )
 
 
@@ -222,23 +166,9 @@ def _row(
     )
 
 
-def agent_summary(known: Evidence, fleet: Fleet) -> AgentSummary:
-    """How many agents are up, down and degraded, judged as `agents` judges each."""
-    states = [
-        state_of(
-            down=not fleet.agent_up(agent),
-            degraded=(beat := known.agent_heartbeats.get(agent)) is not None and beat.degraded,
-        )
-        for agent in known.known_agents
-    ]
-    return AgentSummary(states.count("up"), states.count("down"), states.count("degraded"))
-
-
 def state_of(*, down: bool, degraded: bool) -> str:
-    """An agent's state as the console and the overview show it: down outranks degraded."""
-    if down:
-        return "down"
-    return "degraded" if degraded else "up"
+    """An agent's state as the console and the overview show it (`measure.agent_state`)."""
+    return measure.agent_state(down=down, degraded=degraded)
 
 
 async def reclaims(
@@ -258,13 +188,37 @@ async def reclaims(
 
 async def group(rt: Runtime, *, stream: str, name: str) -> tuple[GroupInfo, list[ConsumerRow]]:
     """One group with its consumers judged; LookupError when there is no such group."""
+    found = await _read_group(rt, stream=stream, name=name)
+    names = [c.name for c in found.consumers]
+    return found, consumer_rows(found, await evidence(rt, consumers=names), rt)
+
+
+async def group_consumers(
+    rt: Runtime, *, stream: str, name: str, after: str | None, limit: int
+) -> tuple[GroupInfo, list[ConsumerRow]]:
+    """One group, read live, and a page of its consumers by name after `after`, judged with the
+    heartbeats of that page's consumers only; LookupError when there is no such group."""
+    found = await _read_group(rt, stream=stream, name=name)
+    page = sorted((c for c in found.consumers if after is None or c.name > after), key=_name)
+    paged = replace(found, consumers=tuple(page[:limit]))
+    known = await evidence(rt, consumers=[c.name for c in paged.consumers])
+    rows = consumer_rows(paged, known, rt)
+    return found, sorted(rows, key=lambda row: row.name)
+
+
+async def _read_group(rt: Runtime, *, stream: str, name: str) -> GroupInfo:
+    """XINFO of the stream's groups and of this group's consumers (Redis has no paging for
+    them: a page is cut here)."""
     with failures.named_by_request():
         reading = await redis_reading.read(rt.servers(), [stream])
     found = next((g for g in reading.groups if g.name == name and g.stream == stream), None)
     if found is None:
         raise LookupError(f"no group {name!r} on stream {stream!r}")
-    known = await evidence(rt)
-    return found, consumer_rows(found, known, rt)
+    return found
+
+
+def _name(consumer: ConsumerInfo) -> str:
+    return consumer.name
 
 
 def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[ConsumerRow]:

@@ -22,13 +22,13 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client
+from rig_conductor.adapters import redis_client, redis_inspect
 from rig_conductor.adapters import redis_reading as reading
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import measurements, queries, work
 from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState
 from rig_conductor.effects import applier as effects
-from rig_conductor.policy import liveness, reclaim, registry
+from rig_conductor.policy import liveness, measure, reclaim, registry
 from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
 from rig_conductor.settings import Settings
@@ -193,6 +193,8 @@ class _Scan:
                 metrics=self.metrics,
                 watch=detector,
             )
+        with report.timing("measure"):
+            await _measure(world, groups, self.fleet, self.topology, self.engine, settings.tenant)
 
     async def node(self, node_reading: reading.NodeReading) -> None:
         report = self.report
@@ -319,6 +321,34 @@ async def _forget(
             consumers,
             settings.agent_forget_ms,
         )
+
+
+async def _measure(
+    world: reading.Reading,
+    groups: list[GroupInfo],
+    fleet: liveness.Fleet,
+    topology: Topology,
+    engine: AsyncEngine,
+    tenant: str,
+) -> None:
+    """Store what the views show (`policy.measure`), in a dry run too: it is what the scan saw,
+    not a change. A failure to store costs the views their freshness, not the scan."""
+    streams = sorted({group.stream for group in groups})
+    try:
+        letters = await redis_inspect.dead_letter_counts(topology.client, streams=streams)
+    except RedisError as exc:
+        logger.warning("Dead letters not counted: %s", describe_failure(exc))
+        letters = [0] * len(streams)
+    try:
+        await measurements.store(
+            engine,
+            tenant=tenant,
+            groups=measure.measure_groups(groups, fleet, dict(zip(streams, letters, strict=True))),
+            fleet=measure.measure_fleet(fleet),
+            complete=not world.failed,
+        )
+    except SQLAlchemyError as exc:
+        logger.warning("Scan measurements not stored: %s", describe_failure(exc))
 
 
 def describe_failure(exc: BaseException) -> str:

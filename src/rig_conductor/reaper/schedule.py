@@ -124,10 +124,12 @@ class ReaperService:
         *,
         dry_run: bool | None = None,
         pods: Mapping[ConsumerName, PodState] | None = None,
+        remember: bool = True,
     ) -> cycle.ScanReport:
         """One scan now, after any scan already running. Raises what the scan raised.
 
         `pods`: pod evidence to use instead of listing the pods (the watch's, after a deletion).
+        `remember`: keep the report among the last scans (not a measurement for the views).
         """
         async with self._lock:
             started = time.perf_counter()
@@ -152,7 +154,8 @@ class ReaperService:
             self._record("ok", started)
             if self._metrics is not None:
                 self._metrics.blind_window.set(report.blind_ms / 1000)
-            await self._remember(report)
+            if remember:
+                await self._remember(report)
         self.last_report = report
         return report
 
@@ -173,6 +176,11 @@ class ReaperService:
         if not self.leading and not (self._settings.dry_run if dry_run is None else dry_run):
             raise NotLeading("this replica is not the active reaper")
         return await self.scan(dry_run=dry_run)
+
+    async def measure(self) -> None:
+        """A dry-run scan for the views, when no scan has measured the fleet lately
+        (`operations.measured`): its report is not kept among the last scans."""
+        await self.scan(dry_run=True, remember=False)
 
     async def on_pod_gone(self, pod: PodName) -> None:
         """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import listening, move_targets
@@ -49,12 +49,14 @@ async def load_evidence(
     pods: Mapping[ConsumerName, PodState] | None = None,
     pods_listed: bool = False,
     read_at: datetime | None = None,
+    consumers: Collection[str] | None = None,
 ) -> Evidence:
     """Heartbeats of the tenant, with PostgreSQL's `now()` as the instant they are judged at,
     the stretches in which conductors were listening, and the moves of the last `down_ms`.
 
     `pods_listed`: `pods` come from a successful list, so a pod they do not name is MISSING.
     `read_at`: when the reading of Redis that the evidence goes with began (`clock`).
+    `consumers`: only these consumers' own heartbeats (a view of one group), not every one.
     """
     async with engine.connect() as conn:
         now: datetime = (await conn.execute(select(func.now()))).scalar_one()
@@ -73,9 +75,12 @@ async def load_evidence(
                 consumer_heartbeats.c.last_heartbeat_at,
                 consumer_heartbeats.c.degraded,
                 consumer_heartbeats.c.degraded_since,
-            ).where(consumer_heartbeats.c.tenant == tenant)
+            ).where(
+                consumer_heartbeats.c.tenant == tenant,
+                true() if consumers is None else consumer_heartbeats.c.consumer.in_(consumers),
+            )
         )
-        consumers = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
+        consumer_beats = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
         heard = await listening.heard(conn, tenant=tenant)
         moved_to = await move_targets.since(
             conn, tenant=tenant, after=now - timedelta(milliseconds=down_ms)
@@ -85,7 +90,7 @@ async def load_evidence(
         # The configured ids (settings drop blanks) and every id a heartbeat named.
         known_agents=frozenset(map(AgentId, configured_agents)) | agents.keys(),
         agent_heartbeats=agents,
-        consumer_heartbeats=consumers,
+        consumer_heartbeats=consumer_beats,
         pods=pods or {},
         pods_default=PodState.MISSING if pods_listed else PodState.UNKNOWN,
         heard=heard,

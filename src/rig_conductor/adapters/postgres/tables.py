@@ -240,3 +240,32 @@ reaper_lease = Table(
     Column("renewed_at", DateTime(timezone=True), nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
 )
+
+# What the last scan measured, for the views (migration 0015): one row per group it read, and
+# one per tenant for the agents. `top` holds the consumers with the most pending entries,
+# `[{"name", "pending", "idleMs", "agentId"}]`, at most `policy.measure.TOP_CONSUMERS`.
+group_measurements = Table(
+    "group_measurements",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("group_name", Text, primary_key=True),
+    Column("pending", BigInteger, nullable=False),
+    Column("consumers", BigInteger, nullable=False),
+    Column("consumers_down", BigInteger, nullable=False),
+    Column("held_by_down", BigInteger, nullable=False),
+    Column("oldest_idle_ms", BigInteger),
+    Column("dead_letters", BigInteger, nullable=False),  # in the stream's dead-letter stream
+    Column("top", JSONB, nullable=False),
+    Column("measured_at", DateTime(timezone=True), nullable=False),
+)
+
+fleet_measurements = Table(
+    "fleet_measurements",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("agents_up", BigInteger, nullable=False),
+    Column("agents_down", BigInteger, nullable=False),
+    Column("agents_degraded", BigInteger, nullable=False),
+    Column("measured_at", DateTime(timezone=True), nullable=False),
+)

@@ -7,13 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from rig_conductor import domain, roles
-from rig_conductor.adapters import redis_reading
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres.measurements import Measured
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, caller, require, runtime
-from rig_conductor.domain import AgentId
-from rig_conductor.operations import views
-from rig_conductor.policy import agents as agent_policy
+from rig_conductor.operations import measured, views
 from rig_conductor.scan_report import ScanReport
 
 router = APIRouter(tags=["views"], responses=schemas.ERRORS)
@@ -93,29 +90,84 @@ def _agent_view(agent: views.AgentRow) -> schemas.AgentView:
 
 
 @router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
-async def list_streams(rt: Annotated[Runtime, Depends(runtime)]) -> list[schemas.GroupView]:
-    """Per stream and group: consumers with pending count, idle time and resolved agent."""
-    world = await redis_reading.read(rt.servers(), rt.settings.streams)
-    groups = world.groups
-    _, rows = await queries.list_agents(rt.engine, tenant=rt.settings.tenant)
-    known = agent_policy.known_agents(rt.settings.agent_ids, (AgentId(r.agent_id) for r in rows))
-    return [
-        schemas.GroupView(
-            stream=group.stream,
-            group=group.name,
-            pending=group.pending,
-            oldest_pending_idle_ms=group.oldest_idle_ms,
-            consumers=[
-                schemas.ConsumerView(
-                    name=c.name,
-                    pending=c.pending,
-                    idle_ms=c.idle_ms,
-                    agent_id=agent_policy.resolve_agent(c.name, known),
-                )
-                for c in group.consumers
-            ],
+async def list_streams(
+    rt: Annotated[Runtime, Depends(runtime)],
+    request: Request,
+    response: Response,
+    limit: Annotated[
+        int, Query(ge=1, le=views.MAX_PAGE, description="streams per page (at most 1,000)")
+    ] = measured.STREAMS_PAGE,
+    after: After = None,
+) -> list[schemas.GroupView]:
+    """The groups of a page of streams (by name after `after`), as the last scan measured them
+    (`asOf`): pending, oldest pending idle, `consumerCount`, and at most 10 consumers, those
+    holding the most first (`GET /api/streams/{stream}/groups/{group}/consumers` lists them
+    all). A page that may not be the last carries a `Link: rel="next"` header."""
+    rows = await measured.streams(rt, after=after, limit=limit)
+    if len({m.group.stream for m in rows}) == limit:
+        _link_next(request, response, rows[-1].group.stream)
+    return [_group_view(m) for m in rows]
+
+
+def _group_view(found: Measured) -> schemas.GroupView:
+    group = found.group
+    return schemas.GroupView(
+        stream=group.stream,
+        group=group.group,
+        pending=group.pending,
+        oldest_pending_idle_ms=group.oldest_idle_ms,
+        consumers=[
+            schemas.ConsumerView(
+                name=c.name, pending=c.pending, idle_ms=c.idle_ms, agent_id=c.agent_id
+            )
+            for c in group.top
+        ],
+        consumer_count=group.consumers,
+        consumers_down=group.consumers_down,
+        dead_letters=group.dead_letters,
+        as_of=found.measured_at,
+    )
+
+
+@router.get(
+    "/streams/{stream:path}/groups/{group}/consumers",
+    response_model=list[schemas.GroupConsumerView],
+    response_model_by_alias=True,
+    responses={404: {"model": schemas.Problem, "description": "no such stream or group"}},
+)
+async def group_consumers(
+    rt: Annotated[Runtime, Depends(runtime)],
+    request: Request,
+    response: Response,
+    stream: Annotated[schemas.NameParam, Path(max_length=domain.NAME_MAX_LENGTH)],
+    group: Annotated[schemas.NameParam, Path(max_length=domain.NAME_MAX_LENGTH)],
+    limit: Limit = views.AGENTS_PAGE,
+    after: After = None,
+) -> list[schemas.GroupConsumerView]:
+    """A page of the group's consumers by name after `after`, read live from Redis and judged
+    by the reaper's rules. A full page carries a `Link: rel="next"` header."""
+    if not views.known_stream(rt.settings, stream):
+        raise HTTPException(404, detail=f"{stream!r} is not one of the configured streams")
+    try:
+        _, rows = await views.group_consumers(
+            rt, stream=stream, name=group, after=after, limit=limit
         )
-        for group in groups
+    except LookupError as exc:
+        raise HTTPException(404, detail=str(exc)) from None
+    if len(rows) == limit:
+        _link_next(request, response, rows[-1].name)
+    return [
+        schemas.GroupConsumerView(
+            name=row.name,
+            pending=row.pending,
+            idle_ms=row.idle_ms,
+            agent_id=row.agent,
+            down=bool(row.down_reasons),
+            down_reasons=list(row.down_reasons),
+            degraded=row.degraded,
+            heartbeat_age_ms=row.heartbeat_age_ms,
+        )
+        for row in rows
     ]
 
 

@@ -1,0 +1,187 @@
+"""What the last scan measured (`policy.measure`), stored for the views: one row per group and
+one per tenant for the agents (migration 0015). Every read is bounded: a page of streams, the
+groups needing attention first, or sums."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.domain import ConsumerMeasure, FleetMeasure, GroupMeasure
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    group: GroupMeasure
+    measured_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    groups: int
+    pending: int
+    consumers: int
+    consumers_down: int
+    oldest_measured_at: datetime | None  # the age of the stalest figure summed here
+
+
+# One statement for the whole scan: the groups as a JSON document (encoded in C), upserted.
+_STORE_GROUPS = text("""
+INSERT INTO group_measurements AS m (tenant, stream, group_name, pending, consumers,
+                                     consumers_down, held_by_down, oldest_idle_ms,
+                                     dead_letters, top, measured_at)
+SELECT :tenant, g.stream, g.grp, g.pending, g.consumers, g.down, g.held, g.oldest, g.letters,
+       g.top, now()
+  FROM jsonb_to_recordset(CAST(:groups AS jsonb)) AS g(stream text, grp text, pending bigint,
+       consumers bigint, down bigint, held bigint, oldest bigint, letters bigint, top jsonb)
+ON CONFLICT (tenant, stream, group_name) DO UPDATE
+   SET pending = EXCLUDED.pending, consumers = EXCLUDED.consumers,
+       consumers_down = EXCLUDED.consumers_down, held_by_down = EXCLUDED.held_by_down,
+       oldest_idle_ms = EXCLUDED.oldest_idle_ms, dead_letters = EXCLUDED.dead_letters,
+       top = EXCLUDED.top,
+       measured_at = EXCLUDED.measured_at
+""")
+_STORE_FLEET = text("""
+INSERT INTO fleet_measurements (tenant, agents_up, agents_down, agents_degraded, measured_at)
+VALUES (:tenant, :up, :down, :degraded, now())
+ON CONFLICT (tenant) DO UPDATE
+   SET agents_up = EXCLUDED.agents_up, agents_down = EXCLUDED.agents_down,
+       agents_degraded = EXCLUDED.agents_degraded, measured_at = EXCLUDED.measured_at
+""")
+_COLUMNS = (
+    "stream, group_name, pending, consumers, consumers_down, held_by_down, oldest_idle_ms, "
+    "dead_letters, top, measured_at"
+)
+
+
+async def store(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    groups: Sequence[GroupMeasure],
+    fleet: FleetMeasure,
+    complete: bool,
+) -> None:
+    """The scan's measurements, in one transaction. `complete`: the scan read every node, so a
+    group it did not see is gone and its row goes too (after a partial reading, the rows of
+    the nodes left out stay, with their older time)."""
+    document = json.dumps([_encode(group) for group in groups])
+    async with engine.begin() as conn:
+        if groups:
+            await conn.execute(_STORE_GROUPS, {"tenant": tenant, "groups": document})
+        if complete:
+            await conn.execute(
+                text(
+                    "DELETE FROM group_measurements WHERE tenant = :tenant AND measured_at < now()"
+                ),
+                {"tenant": tenant},
+            )
+        values = {"tenant": tenant, "up": fleet.up, "down": fleet.down}
+        await conn.execute(_STORE_FLEET, {**values, "degraded": fleet.degraded})
+
+
+async def streams_page(
+    engine: AsyncEngine, *, tenant: str, after: str | None, limit: int
+) -> list[Measured]:
+    """The groups of the first `limit` streams after `after` (by name), in stream and group
+    order: a page never cuts a stream's groups in two."""
+    query = text(f"""
+        WITH page AS (
+            SELECT DISTINCT stream FROM group_measurements
+             WHERE tenant = :tenant AND (CAST(:after AS text) IS NULL OR stream > :after)
+             ORDER BY stream LIMIT :limit
+        )
+        SELECT {_COLUMNS} FROM group_measurements JOIN page USING (stream)
+         WHERE tenant = :tenant ORDER BY stream, group_name
+    """)
+    async with engine.connect() as conn:
+        rows = await conn.execute(query, {"tenant": tenant, "after": after, "limit": limit})
+        return [_decode(row) for row in rows]
+
+
+async def needing_attention(engine: AsyncEngine, *, tenant: str, limit: int) -> list[Measured]:
+    """The `limit` groups with the most down consumers, then the most pending entries."""
+    query = text(f"""
+        SELECT {_COLUMNS} FROM group_measurements WHERE tenant = :tenant
+         ORDER BY consumers_down DESC, pending DESC, stream, group_name LIMIT :limit
+    """)
+    async with engine.connect() as conn:
+        return [
+            _decode(row) for row in await conn.execute(query, {"tenant": tenant, "limit": limit})
+        ]
+
+
+async def totals(engine: AsyncEngine, *, tenant: str) -> Totals:
+    query = text("""
+        SELECT count(*), COALESCE(sum(pending), 0), COALESCE(sum(consumers), 0),
+               COALESCE(sum(consumers_down), 0), min(measured_at)
+          FROM group_measurements WHERE tenant = :tenant
+    """)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query, {"tenant": tenant})).one()
+    return Totals(int(row[0]), int(row[1]), int(row[2]), int(row[3]), row[4])
+
+
+async def fleet(engine: AsyncEngine, *, tenant: str) -> tuple[FleetMeasure, datetime] | None:
+    """The agents' states as the last scan judged them, and when; None before any scan."""
+    query = text(
+        "SELECT agents_up, agents_down, agents_degraded, measured_at FROM fleet_measurements "
+        "WHERE tenant = :tenant"
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query, {"tenant": tenant})).first()
+    if row is None:
+        return None
+    return FleetMeasure(int(row[0]), int(row[1]), int(row[2])), row[3]
+
+
+async def latest(engine: AsyncEngine, *, tenant: str) -> tuple[datetime, datetime | None]:
+    """PostgreSQL's now, and when the tenant was last measured (None: never)."""
+    query = text(
+        "SELECT now(), (SELECT measured_at FROM fleet_measurements WHERE tenant = :tenant)"
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query, {"tenant": tenant})).one()
+    return row[0], row[1]
+
+
+def _encode(group: GroupMeasure) -> dict[str, Any]:
+    return {
+        "stream": group.stream,
+        "grp": group.group,
+        "pending": group.pending,
+        "consumers": group.consumers,
+        "down": group.consumers_down,
+        "held": group.held_by_down,
+        "oldest": group.oldest_idle_ms,
+        "letters": group.dead_letters,
+        "top": [
+            {"name": c.name, "pending": c.pending, "idleMs": c.idle_ms, "agentId": c.agent_id}
+            for c in group.top
+        ],
+    }
+
+
+def _decode(row: Any) -> Measured:
+    top = tuple(
+        ConsumerMeasure(c["name"], int(c["pending"]), int(c["idleMs"]), c.get("agentId"))
+        for c in row.top
+    )
+    group = GroupMeasure(
+        stream=row.stream,
+        group=row.group_name,
+        pending=int(row.pending),
+        consumers=int(row.consumers),
+        consumers_down=int(row.consumers_down),
+        held_by_down=int(row.held_by_down),
+        oldest_idle_ms=None if row.oldest_idle_ms is None else int(row.oldest_idle_ms),
+        top=top,
+        dead_letters=int(row.dead_letters),
+    )
+    return Measured(group, row.measured_at)

@@ -1,0 +1,85 @@
+"""The views that read what the last scan measured (`policy.measure`, stored by every scan):
+the streams and groups, and the overview. They cost the same at a million consumers as at ten,
+and each figure says when it was measured.
+
+A view finds the figures fresh: the active reaper scans every RIG_SCAN_INTERVAL_S. When no scan
+has measured the fleet for twice that (a fresh start, or nothing scans here), the view runs a
+dry-run scan first (not listed among the last scans), one at a time, so viewers polling share
+it and never re-read Redis more often than the reaper would.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from rig_conductor.adapters.postgres import history, measurements
+from rig_conductor.adapters.postgres.measurements import Measured, Totals
+from rig_conductor.domain import FleetMeasure
+from rig_conductor.runtime import Runtime
+
+logger = logging.getLogger(__name__)
+
+STREAMS_PAGE = 100  # streams per page of GET /api/streams unless asked otherwise
+ATTENTION_ROWS = 50  # the overview's groups: the most consumers down, then the most pending
+STALE_FLOOR_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    now: datetime
+    as_of: datetime | None  # when the stalest figure shown was measured
+    totals: Totals
+    groups: list[Measured]  # the ATTENTION_ROWS needing attention most
+    agents: FleetMeasure
+    scans: list[history.ScanRow]
+    nodes_failed: list[str]  # Redis nodes the last scan could not read
+
+    @property
+    def dead_letters(self) -> int:
+        """Dead letters of the streams shown (each stream once)."""
+        return sum({m.group.stream: m.group.dead_letters for m in self.groups}.values())
+
+
+async def fresh(rt: Runtime) -> datetime:
+    """The time of the measurements the views read, after measuring anew if they are stale."""
+    stale_after_s = max(2 * rt.settings.scan_interval_s, STALE_FLOOR_S)
+    async with rt.measuring:
+        now, measured_at = await measurements.latest(rt.engine, tenant=rt.settings.tenant)
+        if measured_at is not None and (now - measured_at).total_seconds() <= stale_after_s:
+            return measured_at
+        logger.info(
+            "No scan measured the fleet in the last %.0f s: a dry-run scan for the views",
+            stale_after_s,
+        )
+        await rt.measure()
+        _, measured_at = await measurements.latest(rt.engine, tenant=rt.settings.tenant)
+    return measured_at or now
+
+
+async def streams(rt: Runtime, *, after: str | None, limit: int = STREAMS_PAGE) -> list[Measured]:
+    """The groups of a page of `limit` streams after `after`, by stream and group name."""
+    await fresh(rt)
+    return await measurements.streams_page(
+        rt.engine, tenant=rt.settings.tenant, after=after, limit=limit
+    )
+
+
+async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
+    await fresh(rt)
+    tenant = rt.settings.tenant
+    now, _ = await measurements.latest(rt.engine, tenant=tenant)
+    fleet = await measurements.fleet(rt.engine, tenant=tenant)
+    recent = await history.recent_scans(rt.engine, tenant=tenant, limit=scans)
+    failed = recent[0].report.get("nodesFailed") or [] if recent else []
+    totals = await measurements.totals(rt.engine, tenant=tenant)
+    return Overview(
+        now=now,
+        as_of=totals.oldest_measured_at,
+        totals=totals,
+        groups=await measurements.needing_attention(rt.engine, tenant=tenant, limit=ATTENTION_ROWS),
+        agents=fleet[0] if fleet is not None else FleetMeasure(0, 0, 0),
+        scans=recent,
+        nodes_failed=[str(node) for node in failed],
+    )
