@@ -136,19 +136,19 @@ def lost_with_redis(
     out: Path,
     killed: Mapping[str, float],
     restarts: Sequence[float],
-    reclaims: Iterable[Reclaim],
+    runtime_logs: Mapping[str, str],
 ) -> set[str]:
     """The missing effects a Redis restart took with it, of `missing` (issue -> its accepted
     (entry id, attempt, consumer, when)): the accepted attempt's staged file is still there,
-    never renamed; its agent was SIGKILLed before renaming it; and Redis restarted empty after
-    the acceptance, before any reclaim could hand the entry to a runtime that finishes the
-    commit. What would let one finish it, the intent, lived in Redis: a known limit of staged
-    writes (docs/benchmarks.md), reported apart so that any other missing effect still fails."""
+    never renamed; its agent was SIGKILLed before renaming it; Redis restarted empty after the
+    acceptance; and no other runtime ever took the entry up (none logged it: `runtime_logs`,
+    consumer -> its log), so none had the chance to finish the commit before the intent was
+    gone. (Reclaims can hand the entry on to runtimes busy with a hung entry or killed in turn,
+    that never read it.) What would let one
+    finish it, the intent, lived in Redis: a known limit of staged writes (docs/benchmarks.md),
+    reported apart so that any other missing effect still fails."""
     from rig_conductor.agent import staging
 
-    moved: dict[str, list[float]] = defaultdict(list)
-    for reclaim in reclaims:
-        moved[reclaim.entry_id].append(reclaim.at)
     found = set()
     for issue in missing:
         entry_id, attempt, consumer, at = accepted[issue]
@@ -157,7 +157,8 @@ def lost_with_redis(
         restart = min((r for r in restarts if r >= at), default=None)
         if not staged.exists() or consumer not in killed or restart is None:
             continue
-        if not any(at <= t <= restart for t in moved[entry_id]):
+        others = (text for name, text in runtime_logs.items() if name != consumer)
+        if not any(f"Entry {entry_id} " in text for text in others):
             found.add(issue)
     return found
 
@@ -215,13 +216,14 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
         or any(f not in final.completed.get(issue, ()) for f in effects[issue])
     }
     missing = {i for i in completed - soak.poison if not effects[i] and i not in double}
+    runtimes = [c for c in soak.children if c not in soak.conductors]
     with_redis = lost_with_redis(
         missing,
         accepted,
         out=soak.out,
         killed=soak.killed,
         restarts=soak.redis_restarted_at,
-        reclaims=logs.reclaims,
+        runtime_logs={c.name: c.log.read_text(errors="replace") for c in runtimes},
     )
     missing -= with_redis
     other_letters = letters - soak.poison

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
@@ -97,6 +97,30 @@ async def test_reclaims_stale_entries_of_a_silent_agent(
         "lastHeartbeatAt": None,
         "count": 3,
     }
+
+
+async def test_a_consumer_silent_by_its_own_heartbeat_is_no_target(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    """The scan loads the own heartbeats of the consumers holding entries up front, and the
+    others' only in a group where something moves: a consumer whose agent is up but whose own
+    heartbeat went stale must still be judged on it, never handed entries."""
+    ids = await scene(redis, engine)
+    silent = "review-e-rig-agent-runtime-9"
+    await register(redis, S, G, silent)
+    await beat(engine, "review-e", silent)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "UPDATE consumer_heartbeats SET last_heartbeat_at = now() - interval '1 hour' "
+                "WHERE consumer = :c"
+            ),
+            {"c": silent},
+        )
+    await beat(engine, "review-e")  # the agent itself is up
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 3
+    assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
 
 
 async def test_a_second_scan_finds_nothing_to_do(

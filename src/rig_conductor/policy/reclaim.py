@@ -156,6 +156,16 @@ def assess_group(
     entries that have many; `progress`: rule 4b's evidence (None: every entry by idle time)."""
     limits = fleet.limits
     worn = {e: n for e, n in (attempts or {}).items() if n >= limits.max_deliveries}
+    progress = progress or Progress()
+    stalls = _may_stall(group, fleet, progress)
+    owners = [
+        rule
+        for info in group.consumers
+        if info.pending
+        and (rule := _owner_rule(info.name, fleet, worn, progress if stalls else None))
+    ]
+    if not owners:  # the common case: nothing to move, no target to rank (a quiet group)
+        return GroupAssessment(group.stream, group.name, {}, (), {})
     targets = tuple(
         sorted(
             (
@@ -167,18 +177,12 @@ def assess_group(
         )
     )
     has_healthy = any(not t.degraded for t in targets)
-    progress = progress or Progress()
-    stalls = _may_stall(group, fleet, progress)
+    pending = {info.name: info.pending for info in group.consumers if info.pending}
     rules: list[OwnerRule] = []
     held: dict[ConsumerName, int] = {}
-    for info in group.consumers:
-        if info.pending == 0:
-            continue
-        rule = _owner_rule(info.name, fleet, worn, progress if stalls else None)
-        if rule is None:
-            continue
+    for rule in owners:
         if rule.reason == "degraded" and not has_healthy:
-            held[info.name] = info.pending
+            held[rule.owner] = pending[rule.owner]
             continue
         rules.append(rule)
     rules.sort(key=lambda r: REASONS.index(r.reason))

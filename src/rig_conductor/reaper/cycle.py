@@ -81,6 +81,10 @@ async def reap_once(
     if probe is not None:
         with report.timing("pods"):
             pods = {**(pods or {}), **await probe(_unexplained(world.groups, pods or {}))}
+    # The consumers' own heartbeats of the consumers holding entries only: every other one is
+    # looked up only in a group where something moves (`_Scan.node`). With consumer hygiene on
+    # (Kubernetes), every one: a consumer that holds nothing may be removed.
+    holders = None if hygiene and pods else _holders(world.groups)
     with report.timing("evidence"):
         evidence = await queries.load_evidence(
             engine,
@@ -90,6 +94,7 @@ async def reap_once(
             pods=pods,
             pods_listed=pods_listed,
             read_at=read_at,
+            consumers=holders,
         )
         work_evidence = await work.load_work_evidence(
             engine,
@@ -99,6 +104,7 @@ async def reap_once(
             deadline_ms=limits.entry_deadline_ms,
         )
     scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics)
+    scan.loaded = holders
     await scan.every_node(world)  # plan and apply
     await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
@@ -151,6 +157,8 @@ class _Scan:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
+        # The consumers whose own heartbeats the evidence holds (None: every consumer's).
+        self.loaded: set[ConsumerName] | None = None
 
     async def every_node(self, world: reading.Reading) -> None:
         """Plan and apply on every node at once; a node that fails is left out on a cluster
@@ -202,12 +210,9 @@ class _Scan:
             report.groups += 1
             report.pending += group.pending
             # Plan.
-            assessment = reclaim.assess_group(
-                group,
-                self.fleet,
-                attempts=self.work_evidence.worn.get(group.stream),
-                progress=self.work_evidence.progress.get(group.stream),
-            )
+            assessment = self._assess(group)
+            if (assessment.rules or assessment.held) and await self._load_heartbeats(group):
+                assessment = self._assess(group)  # its targets, ranked on their own heartbeats
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
                 r.reason == "degraded" for r in assessment.rules.values()
@@ -229,6 +234,31 @@ class _Scan:
                 or outcome.degraded_held
             ):
                 report.add(outcome)
+
+    def _assess(self, group: GroupInfo) -> reclaim.GroupAssessment:
+        return reclaim.assess_group(
+            group,
+            self.fleet,
+            attempts=self.work_evidence.worn.get(group.stream),
+            progress=self.work_evidence.progress.get(group.stream),
+        )
+
+    async def _load_heartbeats(self, group: GroupInfo) -> bool:
+        """The own heartbeats of the group's consumers the evidence lacks, added to it (the
+        targets of a group where something moves are judged on them); False: none lacked."""
+        if self.loaded is None:
+            return False
+        missing = [c.name for c in group.consumers if c.name not in self.loaded]
+        if not missing:
+            return False
+        found = await queries.own_heartbeats(
+            self.engine, tenant=self.settings.tenant, consumers=missing
+        )
+        beats = self.evidence.consumer_heartbeats
+        assert isinstance(beats, dict)  # `load_evidence` builds a dict: extended in place
+        beats.update(found)
+        self.loaded.update(missing)
+        return True
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
         applier = effects.for_group(
@@ -279,6 +309,10 @@ def _after_moves(groups: list[GroupInfo], outcomes: list[GroupOutcome]) -> list[
         pending = max(0, group.pending - outcome.dead_lettered)
         after.append(replace(group, pending=pending, consumers=consumers))
     return after
+
+
+def _holders(groups: list[GroupInfo]) -> set[ConsumerName]:
+    return {c.name for g in groups for c in g.consumers if c.pending}
 
 
 def _unexplained(

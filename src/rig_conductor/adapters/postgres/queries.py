@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from sqlalchemy import func, select, text, true
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import listening, move_targets
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
@@ -69,18 +69,7 @@ async def load_evidence(
             ).where(agent_heartbeats.c.tenant == tenant)
         )
         agents = {AgentId(a): Heartbeat(*beat) for a, *beat in agent_rows}
-        consumer_rows = await conn.execute(
-            select(
-                consumer_heartbeats.c.consumer,
-                consumer_heartbeats.c.last_heartbeat_at,
-                consumer_heartbeats.c.degraded,
-                consumer_heartbeats.c.degraded_since,
-            ).where(
-                consumer_heartbeats.c.tenant == tenant,
-                true() if consumers is None else consumer_heartbeats.c.consumer.in_(consumers),
-            )
-        )
-        consumer_beats = {ConsumerName(c): Heartbeat(*beat) for c, *beat in consumer_rows}
+        consumer_beats = await _own_heartbeats(conn, tenant, consumers)
         heard = await listening.heard(conn, tenant=tenant)
         moved_to = await move_targets.since(
             conn, tenant=tenant, after=now - timedelta(milliseconds=down_ms)
@@ -97,6 +86,31 @@ async def load_evidence(
         moved_to=moved_to,
         read_at=read_at,
     )
+
+
+async def own_heartbeats(
+    engine: AsyncEngine, *, tenant: str, consumers: Collection[str]
+) -> dict[ConsumerName, Heartbeat]:
+    """The own heartbeats of `consumers` (those that have one)."""
+    async with engine.connect() as conn:
+        return await _own_heartbeats(conn, tenant, consumers)
+
+
+async def _own_heartbeats(
+    conn: AsyncConnection, tenant: str, consumers: Collection[str] | None
+) -> dict[ConsumerName, Heartbeat]:
+    rows = await conn.execute(
+        select(
+            consumer_heartbeats.c.consumer,
+            consumer_heartbeats.c.last_heartbeat_at,
+            consumer_heartbeats.c.degraded,
+            consumer_heartbeats.c.degraded_since,
+        ).where(
+            consumer_heartbeats.c.tenant == tenant,
+            true() if consumers is None else consumer_heartbeats.c.consumer.in_(consumers),
+        )
+    )
+    return {ConsumerName(c): Heartbeat(*beat) for c, *beat in rows}
 
 
 async def clock(engine: AsyncEngine) -> datetime:
