@@ -34,7 +34,7 @@ def console_url(log: Path, process: subprocess.Popen[bytes], within: float = 90)
 
 
 async def test_the_demo_shows_the_reclaim_live_in_the_console(
-    browser: Browser, tmp_path: Path
+    browser: Browser, tmp_path: Path, screenshots: Path
 ) -> None:
     log = tmp_path / "demo.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
@@ -56,6 +56,18 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
         for n in range(len(demo.DOOMED)):
             await expect(rows.nth(n)).to_contain_text(demo.LIVE[1])
             await expect(rows.nth(n)).to_contain_text("down")
+        # The overview: the scans so far, the reclaims among them, and the plot of both (the
+        # README's picture of the console).
+        await page.goto(url)
+        scans = page.locator("#scans tbody tr", has_text="scan")
+        await expect(scans.nth(2)).to_be_visible(timeout=30_000)
+        await expect(page.locator("#scans tbody")).to_contain_text("down")
+        reclaimed = await page.evaluate(
+            "() => JSON.parse(document.querySelector('script.series').textContent).reclaimed"
+        )
+        assert sum(reclaimed) == len(demo.DOOMED), reclaimed
+        await expect(page.locator("#plot canvas")).to_have_count(1)
+        await page.screenshot(path=screenshots / "demo-overview.png", full_page=True)
     finally:
         process.send_signal(signal.SIGINT)
         try:

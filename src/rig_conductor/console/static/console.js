@@ -42,7 +42,7 @@
     return [data.t, data.pending, data.reclaimed, data.deadLettered];
   }
 
-  var MIN_SPAN_S = 600;
+  var MIN_SPAN_S = 60;
 
   function draw() {
     var target = document.getElementById("plot");
@@ -64,11 +64,14 @@
       ],
       scales: {
         // uPlot spreads a lone point (or two close ones) over years: show at least the last
-        // ten minutes up to the newest point instead, and counts from zero.
+        // minute up to the newest point instead, the points a little in from the edges, and
+        // counts from zero.
         x: {
           time: true,
           range: function (u, min, max) {
-            return max - min < MIN_SPAN_S ? [max - MIN_SPAN_S, max + 30] : [min, max];
+            var span = Math.max(max - min, MIN_SPAN_S);
+            var pad = span / 20;
+            return [max - span - pad, max + pad];
           }
         },
         y: {
