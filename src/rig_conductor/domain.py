@@ -132,6 +132,18 @@ class GroupInfo:
     # The pending entry with the lowest id, and its idle time: None when nothing is pending.
     oldest_id: EntryId | None = None
     oldest_idle_ms: int | None = None
+    # How many consumers the group has, when `consumers` lists only some of them (a scan's
+    # summary: those holding entries and a few others); None when it lists them all.
+    count: int | None = None
+
+    @property
+    def consumer_count(self) -> int:
+        return len(self.consumers) if self.count is None else self.count
+
+    @property
+    def complete(self) -> bool:
+        """Whether `consumers` lists every consumer of the group."""
+        return self.count is None or self.count == len(self.consumers)
 
     @property
     def oldest_id_ms(self) -> int | None:

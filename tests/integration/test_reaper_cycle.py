@@ -123,6 +123,19 @@ async def test_a_consumer_silent_by_its_own_heartbeat_is_no_target(
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
 
 
+async def test_the_only_target_beyond_the_quiet_consumers_the_scan_summed_up(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    """The scan reads each group's consumers holding entries and only the first few others; a
+    group where something moves is read in full, so a target past those few is still found."""
+    ids = await scene(redis, engine)
+    for n in range(12):  # quiet consumers of the silent agent, before the target by name
+        await register(redis, S, G, f"review-e-codex-rig-agent-runtime-q{n:02}")
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (report.reclaimed, report.no_target) == (3, 0)
+    assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
+
+
 async def test_a_second_scan_finds_nothing_to_do(
     redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:

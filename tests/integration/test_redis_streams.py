@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_streams, redis_sweep
-from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
+from rig_conductor.domain import ConsumerName, GroupInfo, GroupName, PendingEntry, StreamKey
 from tests import redis_kit
 
 from .helpers import fill, owners, read, register
@@ -53,6 +53,42 @@ async def test_describe_groups_reads_every_group_and_consumer(any_redis: Redis) 
     else:
         assert by_name["a-0"].inactive_ms is None  # no `inactive` before 7.2
     assert groups["audit"].consumers == ()
+
+
+async def test_a_summary_lists_the_holders_and_a_few_others_and_counts_them_all(
+    any_redis: Redis,
+) -> None:
+    await fill(any_redis, S, G, 6)
+    await fill(any_redis, S, "audit", 0)
+    for n in range(30):
+        await register(any_redis, S, G, f"quiet-{n:02}")
+    await read(any_redis, S, G, "z-holder", 4)
+    await read(any_redis, S, G, "m-holder", 2)
+    summed = {
+        g.name: g for g in await redis_streams.describe_groups(any_redis, streams=[S], others=3)
+    }
+    workers = summed["workers"]
+    assert (workers.consumer_count, workers.complete, workers.pending) == (32, False, 6)
+    # Every holder, wherever it sorts; of the others, the first three by name.
+    assert [(c.name, c.pending) for c in workers.consumers] == [
+        ("m-holder", 2),
+        ("quiet-00", 0),
+        ("quiet-01", 0),
+        ("quiet-02", 0),
+        ("z-holder", 4),
+    ]
+    assert all(c.idle_ms >= 0 for c in workers.consumers)
+    assert workers.oldest_id is not None and workers.oldest_idle_ms is not None
+    full = {g.name: g for g in await redis_streams.describe_groups(any_redis, streams=[S])}
+    assert full["workers"].complete and full["workers"].consumer_count == 32
+    assert {c.name: c.inactive_ms for c in workers.consumers} == {
+        c.name: c.inactive_ms for c in full["workers"].consumers if c.name in summed_names(workers)
+    }
+    assert (summed["audit"].consumer_count, summed["audit"].complete) == (0, True)
+
+
+def summed_names(group: GroupInfo) -> set[str]:
+    return {c.name for c in group.consumers}
 
 
 async def test_describe_groups_skips_a_stream_that_vanished(

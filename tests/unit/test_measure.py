@@ -69,7 +69,7 @@ def test_a_group_of_a_million_lists_ten_and_counts_them_all() -> None:
 
 def test_dead_letters_are_the_streams() -> None:
     other = GroupInfo(StreamKey("t"), GroupName("g"), 0, ())
-    found = measure_groups([group(), other], fleet(), {"s": 7})
+    found = measure_groups([group(), other], fleet(), {StreamKey("s"): 7})
     assert [(m.stream, m.dead_letters) for m in found] == [("s", 7), ("t", 0)]
 
 

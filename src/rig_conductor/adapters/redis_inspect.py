@@ -8,9 +8,12 @@ Every read is bounded: a page of a consumer's pending list is one `XPENDING ... 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.asyncio import Redis
 
 from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
@@ -114,6 +117,23 @@ async def entry_fields(
         if isinstance(reply, list) and reply:
             found[entry_id] = dict(reply[0][1])
     return found
+
+
+async def dead_letter_counts_on_node(
+    client: Redis, *, streams: Sequence[StreamKey], clustered: bool
+) -> dict[StreamKey, int]:
+    """XLEN of the DLQ of each of `streams`, all on the node `client` talks to (a stream's DLQ
+    lives where it does), in one round trip; a name with no DLQ possible counts 0."""
+    keys: dict[StreamKey, StreamKey] = {}
+    for stream in streams:
+        with contextlib.suppress(redis_keys.BadStreamName):
+            keys[stream] = redis_keys.dlq_key(stream, clustered=clustered)
+    async with client.pipeline(transaction=False) as pipe:
+        for key in keys.values():
+            pipe.xlen(key)
+        lengths = await pipe.execute()
+    found = dict(zip(keys, map(int, lengths), strict=True))
+    return {stream: found.get(stream, 0) for stream in streams}
 
 
 async def dead_letter_counts(client: AnyRedis, *, streams: Sequence[StreamKey]) -> list[int]:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters import consumer_summary, redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.domain import (
     ConsumerInfo,
@@ -289,49 +289,79 @@ async def resolve_streams(client: Redis, *, names: Sequence[str]) -> list[Stream
     return list(found)
 
 
-async def describe_groups(client: Redis, *, streams: Sequence[StreamKey]) -> list[GroupInfo]:
+async def describe_groups(
+    client: Redis, *, streams: Sequence[StreamKey], others: int | None = None
+) -> list[GroupInfo]:
     """XINFO GROUPS, then XINFO CONSUMERS and the oldest pending entry (XPENDING - + 1) of every
-    group: two round trips in all."""
-    async with client.pipeline(transaction=False) as pipe:
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        group_replies = await pipe.execute(raise_on_error=False)
-    groups: list[tuple[StreamKey, GroupName, int]] = []
-    for stream, reply in zip(streams, group_replies, strict=True):
-        if isinstance(reply, MovedError | AskError):
-            raise reply  # a cluster slot moved since the map was read: the caller retries
-        if isinstance(reply, Exception):
-            logger.info("Stream %s skipped: %s", stream, reply)
-            continue
-        groups.extend((stream, GroupName(g["name"]), int(g["pending"])) for g in reply)
+    group: two round trips in all. With `others`, each group's consumers are a summary instead
+    (`consumer_summary`: those holding entries and the first `others` others, with the count):
+    one round trip more, and what a scan of a million quiet consumers can afford."""
+    groups = await _groups_of(client, streams)
+    summaries: list[tuple[int, tuple[ConsumerInfo, ...]] | Exception] = []
+    if others is not None:
+        pairs = [(stream, group) for stream, group, _ in groups]
+        summaries = await consumer_summary.summaries(client, pairs, others=others)
     async with client.pipeline(transaction=False) as pipe:
         for stream, group, pending in groups:
-            pipe.xinfo_consumers(stream, group)
+            if others is None:
+                pipe.xinfo_consumers(stream, group)
             if pending:
                 pipe.xpending_range(stream, group, min="-", max="+", count=1)
         replies = iter(await pipe.execute(raise_on_error=False))
     described: list[GroupInfo] = []
-    for stream, group, pending in groups:
-        reply = next(replies)
+    for n, (stream, group, pending) in enumerate(groups):
+        reply = summaries[n] if others is not None else next(replies)
         oldest = next(replies) if pending else []
         if isinstance(reply, MovedError | AskError):
             raise reply
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
-        consumers = tuple(_consumer_info(row) for row in reply)
-        first = oldest[0] if isinstance(oldest, list) and oldest else None
-        described.append(
-            GroupInfo(
-                stream,
-                group,
-                pending,
-                consumers,
-                oldest_id=EntryId(first["message_id"]) if first else None,
-                oldest_idle_ms=int(first["time_since_delivered"]) if first else None,
-            )
-        )
+        described.append(_group_info(stream, group, pending, reply, oldest))
     return described
+
+
+async def _groups_of(
+    client: Redis, streams: Sequence[StreamKey]
+) -> list[tuple[StreamKey, GroupName, int]]:
+    """(stream, group, pending) of every group of `streams` (XINFO GROUPS, one round trip)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+    groups: list[tuple[StreamKey, GroupName, int]] = []
+    for stream, reply in zip(streams, replies, strict=True):
+        if isinstance(reply, MovedError | AskError):
+            raise reply  # a cluster slot moved since the map was read: the caller retries
+        if isinstance(reply, Exception):
+            logger.info("Stream %s skipped: %s", stream, reply)
+            continue
+        groups.extend((stream, GroupName(g["name"]), int(g["pending"])) for g in reply)
+    return groups
+
+
+def _group_info(
+    stream: StreamKey,
+    group: GroupName,
+    pending: int,
+    consumers: tuple[int, tuple[ConsumerInfo, ...]] | list[Mapping[str, Any]],
+    oldest: Any,
+) -> GroupInfo:
+    """From XINFO CONSUMERS' rows, or a summary (count, consumers)."""
+    if isinstance(consumers, tuple):
+        count, infos = consumers
+    else:
+        count, infos = None, tuple(_consumer_info(row) for row in consumers)
+    first = oldest[0] if isinstance(oldest, list) and oldest else None
+    return GroupInfo(
+        stream,
+        group,
+        pending,
+        infos,
+        oldest_id=EntryId(first["message_id"]) if first else None,
+        oldest_idle_ms=int(first["time_since_delivered"]) if first else None,
+        count=count,
+    )
 
 
 def _consumer_info(row: Mapping[str, Any]) -> ConsumerInfo:

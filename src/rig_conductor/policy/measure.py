@@ -12,7 +12,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 
-from rig_conductor.domain import ConsumerMeasure, FleetMeasure, GroupInfo, GroupMeasure
+from rig_conductor.domain import ConsumerMeasure, FleetMeasure, GroupInfo, GroupMeasure, StreamKey
 from rig_conductor.policy.liveness import Fleet
 
 # Consumers listed per group: the ones holding the most entries, then others by name.
@@ -30,7 +30,7 @@ def measure_group(group: GroupInfo, fleet: Fleet, *, dead_letters: int = 0) -> G
         stream=group.stream,
         group=group.name,
         pending=group.pending,
-        consumers=len(group.consumers),
+        consumers=group.consumer_count,
         consumers_down=len(down),
         held_by_down=sum(c.pending for c in down),
         oldest_idle_ms=group.oldest_idle_ms,
@@ -42,7 +42,7 @@ def measure_group(group: GroupInfo, fleet: Fleet, *, dead_letters: int = 0) -> G
 
 
 def measure_groups(
-    groups: Iterable[GroupInfo], fleet: Fleet, dead_letters: Mapping[str, int]
+    groups: Iterable[GroupInfo], fleet: Fleet, dead_letters: Mapping[StreamKey, int]
 ) -> list[GroupMeasure]:
     """Every group; `dead_letters`: per stream, the length of its dead-letter stream."""
     return [

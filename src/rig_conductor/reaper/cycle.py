@@ -22,11 +22,11 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client, redis_inspect
+from rig_conductor.adapters import redis_client, redis_inspect, redis_streams
 from rig_conductor.adapters import redis_reading as reading
 from rig_conductor.adapters.postgres import measurements, queries, work
 from rig_conductor.adapters.redis_client import Topology
-from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState
+from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState, StreamKey
 from rig_conductor.effects import applier as effects
 from rig_conductor.policy import liveness, measure, reclaim, registry
 from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
@@ -77,7 +77,9 @@ async def reap_once(
     # Fetch.
     with report.timing("read"):
         read_at = await queries.clock(engine)
-        world = await reading.read(topology, settings.streams)
+        # Quiet consumers only counted, but with consumer hygiene (which may remove them).
+        others = None if hygiene else measure.TOP_CONSUMERS
+        world = await reading.read(topology, settings.streams, others=others)
     if probe is not None:
         with report.timing("pods"):
             pods = {**(pods or {}), **await probe(_unexplained(world.groups, pods or {}))}
@@ -206,13 +208,18 @@ class _Scan:
 
     async def node(self, node_reading: reading.NodeReading) -> None:
         report = self.report
-        for group in node_reading.groups:
+        for n, group in enumerate(node_reading.groups):
             report.groups += 1
             report.pending += group.pending
             # Plan.
             assessment = self._assess(group)
-            if (assessment.rules or assessment.held) and await self._load_heartbeats(group):
-                assessment = self._assess(group)  # its targets, ranked on their own heartbeats
+            if assessment.rules or assessment.held:
+                # Something moves: every consumer, each judged on its own heartbeat, is ranked
+                # as a target. The reading summed up the quiet ones: read the group in full.
+                if not group.complete:
+                    group = node_reading.groups[n] = await _in_full(node_reading, group)
+                await self._load_heartbeats(group)
+                assessment = self._assess(group)
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
                 r.reason == "degraded" for r in assessment.rules.values()
@@ -243,14 +250,14 @@ class _Scan:
             progress=self.work_evidence.progress.get(group.stream),
         )
 
-    async def _load_heartbeats(self, group: GroupInfo) -> bool:
+    async def _load_heartbeats(self, group: GroupInfo) -> None:
         """The own heartbeats of the group's consumers the evidence lacks, added to it (the
-        targets of a group where something moves are judged on them); False: none lacked."""
+        targets of a group where something moves are judged on them)."""
         if self.loaded is None:
-            return False
+            return
         missing = [c.name for c in group.consumers if c.name not in self.loaded]
         if not missing:
-            return False
+            return
         found = await queries.own_heartbeats(
             self.engine, tenant=self.settings.tenant, consumers=missing
         )
@@ -258,7 +265,6 @@ class _Scan:
         assert isinstance(beats, dict)  # `load_evidence` builds a dict: extended in place
         beats.update(found)
         self.loaded.update(missing)
-        return True
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
         applier = effects.for_group(
@@ -309,6 +315,13 @@ def _after_moves(groups: list[GroupInfo], outcomes: list[GroupOutcome]) -> list[
         pending = max(0, group.pending - outcome.dead_lettered)
         after.append(replace(group, pending=pending, consumers=consumers))
     return after
+
+
+async def _in_full(node_reading: reading.NodeReading, group: GroupInfo) -> GroupInfo:
+    """The group read again with every consumer (it may have changed: the new reading counts)."""
+    client = node_reading.node.client
+    found = await redis_streams.describe_groups(client, streams=[group.stream])
+    return next((g for g in found if g.name == group.name), group)
 
 
 def _holders(groups: list[GroupInfo]) -> set[ConsumerName]:
@@ -367,17 +380,23 @@ async def _measure(
 ) -> None:
     """Store what the views show (`policy.measure`), in a dry run too: it is what the scan saw,
     not a change. A failure to store costs the views their freshness, not the scan."""
-    streams = sorted({group.stream for group in groups})
-    try:
-        letters = await redis_inspect.dead_letter_counts(topology.client, streams=streams)
-    except RedisError as exc:
-        logger.warning("Dead letters not counted: %s", describe_failure(exc))
-        letters = [0] * len(streams)
+    letters: dict[StreamKey, int] = {}
+    for node_reading in world.nodes:
+        if node_reading.node.name in world.failed:
+            continue
+        try:
+            letters |= await redis_inspect.dead_letter_counts_on_node(
+                node_reading.node.client,
+                streams=node_reading.streams,
+                clustered=topology.clustered,
+            )
+        except RedisError as exc:
+            logger.warning("Dead letters not counted: %s", describe_failure(exc))
     try:
         await measurements.store(
             engine,
             tenant=tenant,
-            groups=measure.measure_groups(groups, fleet, dict(zip(streams, letters, strict=True))),
+            groups=measure.measure_groups(groups, fleet, letters),
             fleet=measure.measure_fleet(fleet),
             complete=not world.failed,
         )
