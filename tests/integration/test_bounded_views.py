@@ -6,7 +6,7 @@ read Redis more often than the reaper does."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import datetime
 
 import httpx
@@ -18,16 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
+from .console_kit import client_of
 from .helpers import fill, read, register
 
 G = "workers"
-
-
-async def _client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://conductor") as client:
-            yield client
 
 
 def _app(make_settings: Callable[..., Settings]) -> FastAPI:
@@ -51,7 +45,7 @@ async def test_streams_page_by_stream_and_never_split_a_streams_groups(
     for stream in ("s:a", "s:b", "s:c"):
         for group in ("g1", "g2"):
             await fill(redis, stream, group, 1)
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         first = await api.get("/api/streams", params={"limit": 2})
         assert first.status_code == 200, first.text
         rows = first.json()
@@ -78,7 +72,7 @@ async def test_a_group_lists_ten_consumers_holding_most_and_counts_them_all(
         await read(redis, "s:a", G, f"live-{n}", n)
     for n in range(11, 16):
         await register(redis, "s:a", G, f"live-{n}")
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         await _beat(api, "live")
         [group] = (await api.get("/api/streams")).json()
         assert (group["consumerCount"], group["pending"]) == (15, 55)
@@ -94,7 +88,7 @@ async def test_a_groups_consumers_page_live_judged_by_the_reapers_rules(
     await read(redis, "s:a", G, "dead-0", 4)
     for name in ("live-0", "live-1", "live-2"):
         await register(redis, "s:a", G, name)
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         await _beat(api, "live")
         path = f"/api/streams/s:a/groups/{G}/consumers"
         first = await api.get(path, params={"limit": 2})
@@ -121,7 +115,7 @@ async def test_viewers_share_one_measurement_and_then_read_the_scans(
 ) -> None:
     await fill(redis, "s:a", G, 3)
     await read(redis, "s:a", G, "live-0", 3)
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         # No scan has measured the fleet yet: ten viewers at once cause one dry-run scan...
         answers = await asyncio.gather(*(api.get("/api/streams") for _ in range(5)))
         answers += await asyncio.gather(*(api.get("/ui/") for _ in range(5)))

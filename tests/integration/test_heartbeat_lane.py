@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 
-import httpx
 from fastapi import FastAPI
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,16 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
+from .console_kit import client_of
 from .helpers import heartbeats_stored
 
 BEAT = {"type": "HEARTBEAT", "agentId": "dev-e", "consumer": "dev-e-0"}
-
-
-async def _client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://conductor") as client:
-            yield client
 
 
 def _app(make_settings: Callable[..., Settings]) -> FastAPI:
@@ -43,7 +36,7 @@ async def _chunks(body: bytes) -> AsyncIterator[bytes]:
 async def test_a_heartbeat_in_many_chunks_is_stored_once(
     make_settings: Callable[..., Settings], engine: AsyncEngine
 ) -> None:
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         answer = await api.post(
             "/api/events",
             content=_chunks(json.dumps(BEAT).encode()),
@@ -59,7 +52,7 @@ async def test_a_heartbeat_in_many_chunks_is_stored_once(
 async def test_an_invalid_heartbeat_gets_fastapis_422_naming_the_field(
     make_settings: Callable[..., Settings], engine: AsyncEngine
 ) -> None:
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         for body, field in (
             ({**BEAT, "degraded": "yes"}, "degraded"),
             ({**BEAT, "agentId": "dev\ne"}, "agentId"),
@@ -80,7 +73,7 @@ async def test_an_invalid_heartbeat_gets_fastapis_422_naming_the_field(
 async def test_a_heartbeat_that_is_not_json_by_its_content_type_is_refused(
     make_settings: Callable[..., Settings], engine: AsyncEngine
 ) -> None:
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         answer = await api.post(
             "/api/events", content=json.dumps(BEAT), headers={"Content-Type": "text/plain"}
         )
@@ -92,7 +85,7 @@ async def test_a_heartbeat_that_is_not_json_by_its_content_type_is_refused(
 async def test_other_events_reach_the_route_with_their_body(
     make_settings: Callable[..., Settings], redis: Redis
 ) -> None:
-    async for api in _client(_app(make_settings)):
+    async for api in client_of(_app(make_settings)):
         dispatch = {"type": "ISSUE_ASSIGNED", "issueId": "rc-1", "agentId": "dev-e"}
         answer = await api.post(
             "/api/events",
