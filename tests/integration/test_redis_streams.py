@@ -85,6 +85,9 @@ async def test_a_summary_lists_the_holders_and_a_few_others_and_counts_them_all(
         c.name: c.inactive_ms for c in full["workers"].consumers if c.name in summed_names(workers)
     }
     assert (summed["audit"].consumer_count, summed["audit"].complete) == (0, True)
+    # One group of the stream read alone (a group's page, a move by hand).
+    [only] = await redis_streams.describe_groups(any_redis, streams=[S], only=G)
+    assert (only.name, only.consumer_count) == (G, 32)
 
 
 def summed_names(group: GroupInfo) -> set[str]:

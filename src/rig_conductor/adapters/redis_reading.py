@@ -69,10 +69,16 @@ class Reading:
         topology.stale = True
 
 
-async def read(topology: Topology, names: Sequence[str], *, others: int | None = None) -> Reading:
-    """Every node's streams (from `names`: literal names and glob patterns) and groups. With
-    `others`, each group's consumers are a summary: those holding entries and the first
-    `others` others (`redis_streams.describe_groups`)."""
+async def read(
+    topology: Topology,
+    names: Sequence[str],
+    *,
+    others: int | None = None,
+    only: str | None = None,
+) -> Reading:
+    """Every node's streams (from `names`: literal names and glob patterns) and groups (`only`:
+    the groups of that name). With `others`, each group's consumers are a summary: those holding
+    entries and the first `others` others (`redis_streams.describe_groups`)."""
     literals = [name for name in names if not redis_streams.is_pattern(name)]
     patterns = [name for name in names if redis_streams.is_pattern(name)]
 
@@ -80,7 +86,10 @@ async def read(topology: Topology, names: Sequence[str], *, others: int | None =
         nodes = await topology.nodes()
         by_node = split_by_node(topology, literals)
         results = await asyncio.gather(
-            *(_read_node(node, by_node.get(node.name, []), patterns, others) for node in nodes),
+            *(
+                _read_node(node, by_node.get(node.name, []), patterns, others, only)
+                for node in nodes
+            ),
             return_exceptions=True,
         )
         return list(zip(nodes, results, strict=True))
@@ -100,8 +109,10 @@ async def read(topology: Topology, names: Sequence[str], *, others: int | None =
 
 
 async def _read_node(
-    node: Node, literals: list[str], patterns: list[str], others: int | None
+    node: Node, literals: list[str], patterns: list[str], others: int | None, only: str | None
 ) -> NodeReading:
     streams = await redis_streams.resolve_streams(node.client, names=[*literals, *patterns])
-    groups = await redis_streams.describe_groups(node.client, streams=streams, others=others)
+    groups = await redis_streams.describe_groups(
+        node.client, streams=streams, others=others, only=only
+    )
     return NodeReading(node, streams, groups)

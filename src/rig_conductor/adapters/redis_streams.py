@@ -290,13 +290,20 @@ async def resolve_streams(client: Redis, *, names: Sequence[str]) -> list[Stream
 
 
 async def describe_groups(
-    client: Redis, *, streams: Sequence[StreamKey], others: int | None = None
+    client: Redis,
+    *,
+    streams: Sequence[StreamKey],
+    others: int | None = None,
+    only: str | None = None,
 ) -> list[GroupInfo]:
     """XINFO GROUPS, then XINFO CONSUMERS and the oldest pending entry (XPENDING - + 1) of every
-    group: two round trips in all. With `others`, each group's consumers are a summary instead
-    (`consumer_summary`: those holding entries and the first `others` others, with the count):
-    one round trip more, and what a scan of a million quiet consumers can afford."""
+    group (`only`: of the group of that name alone): two round trips in all. With `others`, each
+    group's consumers are a summary instead (`consumer_summary`: those holding entries and the
+    first `others` others, with the count): one round trip more, and what a scan of a million
+    quiet consumers can afford."""
     groups = await _groups_of(client, streams)
+    if only is not None:
+        groups = [g for g in groups if g[1] == only]
     summaries: list[tuple[int, tuple[ConsumerInfo, ...]] | Exception] = []
     if others is not None:
         pairs = [(stream, group) for stream, group, _ in groups]

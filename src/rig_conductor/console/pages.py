@@ -112,13 +112,14 @@ async def pending(
     rt = web.runtime(request)
     stream = web.stream_key(request, stream)
     try:
-        info, consumers = await views.group(rt, stream=stream, name=group)
+        info, owner, targets = await views.move_choices(
+            rt, stream=stream, name=group, consumer=consumer
+        )
     except LookupError as exc:
         return web.page(request, "error.html", you, status_code=404, message=str(exc))
     rows = await views.pending(
         rt, stream=stream, group=group, consumer=consumer, after=after, count=PEL_PAGE
     )
-    owner = next((c for c in consumers if c.name == consumer), None)
     return web.page(
         request,
         "pending.html",
@@ -129,8 +130,8 @@ async def pending(
         rows=rows,
         after=after,
         next_after=rows[-1].id if len(rows) == PEL_PAGE else None,
-        targets=[c for c in consumers if c.target and c.name != consumer],
-        flash_targets={c.name for c in consumers},
+        targets=targets,
+        flash_targets={c.name for c in info.consumers},
         max_deliveries=rt.settings.max_deliveries,
     )
 

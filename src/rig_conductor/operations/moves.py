@@ -151,7 +151,7 @@ async def _check_target(
     """The fleet as the evidence shows it now, and `target` as rule 5 ranks it: a consumer of
     the group that may receive entries, else `MoveRefused`."""
     with failures.named_by_request():
-        reading = await redis_reading.read(rt.servers(), [stream])
+        reading = await redis_reading.read(rt.servers(), [stream], only=group)
     found = next((g for g in reading.groups if g.name == group and g.stream == stream), None)
     if found is None:
         raise MoveRefused(f"no group {group!r} on stream {stream!r}")

@@ -186,13 +186,6 @@ async def reclaims(
     return await history.reclaims(rt.engine, tenant=rt.settings.tenant, where=where, limit=limit)
 
 
-async def group(rt: Runtime, *, stream: str, name: str) -> tuple[GroupInfo, list[ConsumerRow]]:
-    """One group with its consumers judged; LookupError when there is no such group."""
-    found = await _read_group(rt, stream=stream, name=name)
-    names = [c.name for c in found.consumers]
-    return found, consumer_rows(found, await evidence(rt, consumers=names), rt)
-
-
 async def group_consumers(
     rt: Runtime, *, stream: str, name: str, after: str | None, limit: int
 ) -> tuple[GroupInfo, list[ConsumerRow]]:
@@ -206,11 +199,41 @@ async def group_consumers(
     return found, sorted(rows, key=lambda row: row.name)
 
 
+@dataclass(frozen=True, slots=True)
+class MoveTarget:
+    name: str
+    pending: int
+    degraded: bool
+
+
+async def move_choices(
+    rt: Runtime, *, stream: str, name: str, consumer: str
+) -> tuple[GroupInfo, ConsumerRow | None, list[MoveTarget]]:
+    """One group read live, `consumer` judged, and the consumers its entries may move to by
+    hand (rule 5, best ranked first); LookupError when there is no such group. Only `consumer`
+    gets a whole row: a group of thousands costs a target check each, not a page's rows."""
+    found = await _read_group(rt, stream=stream, name=name)
+    known = await evidence(rt, consumers=[c.name for c in found.consumers])
+    fleet = Fleet(known, rt.settings.limits)
+    mine = tuple(c for c in found.consumers if c.name == consumer)
+    owner = next(iter(consumer_rows(replace(found, consumers=mine), known, rt)), None)
+    candidates = sorted(
+        (
+            t
+            for info in found.consumers
+            if info.name != consumer
+            and (t := fleet.target(info, stream=found.stream, group=found.name)) is not None
+        ),
+        key=lambda t: t.rank(),
+    )
+    return found, owner, [MoveTarget(t.consumer, t.pending, t.degraded) for t in candidates]
+
+
 async def _read_group(rt: Runtime, *, stream: str, name: str) -> GroupInfo:
     """XINFO of the stream's groups and of this group's consumers (Redis has no paging for
     them: a page is cut here)."""
     with failures.named_by_request():
-        reading = await redis_reading.read(rt.servers(), [stream])
+        reading = await redis_reading.read(rt.servers(), [stream], only=name)
     found = next((g for g in reading.groups if g.name == name and g.stream == stream), None)
     if found is None:
         raise LookupError(f"no group {name!r} on stream {stream!r}")

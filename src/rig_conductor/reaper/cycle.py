@@ -320,7 +320,7 @@ def _after_moves(groups: list[GroupInfo], outcomes: list[GroupOutcome]) -> list[
 async def _in_full(node_reading: reading.NodeReading, group: GroupInfo) -> GroupInfo:
     """The group read again with every consumer (it may have changed: the new reading counts)."""
     client = node_reading.node.client
-    found = await redis_streams.describe_groups(client, streams=[group.stream])
+    found = await redis_streams.describe_groups(client, streams=[group.stream], only=group.name)
     return next((g for g in found if g.name == group.name), group)
 
 
