@@ -136,22 +136,6 @@ async def dead_letter_counts_on_node(
     return {stream: found.get(stream, 0) for stream in streams}
 
 
-async def dead_letter_counts(client: AnyRedis, *, streams: Sequence[StreamKey]) -> list[int]:
-    """XLEN of each stream's DLQ (0 when it has none, or can have none: a cluster stream whose
-    name has a `}` but no hash tag)."""
-    if not streams:
-        return []
-    counts: list[int] = []
-    for stream in streams:  # one key each: also right on a cluster, where keys live apart
-        try:
-            key = dlq_key(stream, client)
-        except redis_keys.BadStreamName:
-            counts.append(0)
-            continue
-        counts.append(int(await client.xlen(key)))
-    return counts
-
-
 async def dead_letter_page(
     client: AnyRedis, *, stream: StreamKey, before: str | None, count: int
 ) -> tuple[list[DeadLetter], str | None]:

@@ -202,6 +202,19 @@ async def answer(
     await send({"type": "http.response.body", "body": body})
 
 
+def replay(messages: list[Message], receive: Receive) -> Receive:
+    """A receive() that hands out `messages` first, then defers to the real one: the body a
+    middleware read, for the app behind it."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header `name` (lower case, as ASGI servers deliver names)."""
     for key, value in scope["headers"]:

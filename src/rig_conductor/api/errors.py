@@ -27,6 +27,7 @@ from rig_conductor.api.access import (
     RootPath,
     answer,
     header,
+    replay,
     route_path,
 )
 from rig_conductor.domain import NotLeading
@@ -216,7 +217,7 @@ class BodyLimit:
         while True:
             message = await receive()
             if message["type"] != "http.request":  # the client went away
-                await self.app(scope, _replay([message], receive), send)
+                await self.app(scope, replay([message], receive), send)
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
@@ -227,19 +228,7 @@ class BodyLimit:
             if not message.get("more_body", False):
                 break
         body: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        await self.app(scope, _replay([body], receive), send)
+        await self.app(scope, replay([body], receive), send)
 
     async def _refuse(self, send: Send) -> None:
         await answer(send, 413, f"request body over {self.limit} bytes")
-
-
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    """A receive() that hands out `messages` first, then defers to the real one."""
-    pending = list(messages)
-
-    async def replayed() -> Message:
-        if pending:
-            return pending.pop(0)
-        return await receive()
-
-    return replayed

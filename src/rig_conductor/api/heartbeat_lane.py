@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
 from rig_conductor.api import schemas
-from rig_conductor.api.access import header, route_path
+from rig_conductor.api.access import header, replay, route_path
 from rig_conductor.api.routes import events
 
 _HEARTBEAT = TypeAdapter(schemas.HeartbeatEvent)
@@ -41,7 +41,8 @@ class HeartbeatLane:
         body, ended = await _read(receive)
         event = _heartbeat(body) if ended else None
         if event is None:
-            await self.app(scope, _replay(body, ended, receive), send)
+            whole: Message = {"type": "http.request", "body": body, "more_body": False}
+            await self.app(scope, replay([whole] if ended else [], receive), send)
             return
         app: Any = scope["app"]  # the Starlette app sets itself into the scope first
         caller: roles.Caller = scope.get("state", {}).get("caller", roles.ANONYMOUS)
@@ -84,20 +85,6 @@ async def _read(receive: Receive) -> tuple[bytes, bool]:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks), True
-
-
-def _replay(body: bytes, ended: bool, receive: Receive) -> Receive:
-    """`receive` for the app behind: the body read here, then whatever comes next."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if sent or not ended:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replayed
 
 
 def _handler(handlers: dict[Any, Any], exc: Exception) -> Any:

@@ -29,7 +29,6 @@ STALE_FLOOR_S = 10.0
 @dataclass(frozen=True, slots=True)
 class Overview:
     now: datetime
-    as_of: datetime | None  # when the stalest figure shown was measured
     totals: Totals
     groups: list[Measured]  # the ATTENTION_ROWS needing attention most
     agents: FleetMeasure
@@ -37,25 +36,41 @@ class Overview:
     nodes_failed: list[str]  # Redis nodes the last scan could not read
 
     @property
+    def as_of(self) -> datetime | None:
+        """When the stalest figure shown was measured."""
+        return self.totals.oldest_measured_at
+
+    @property
     def dead_letters(self) -> int:
         """Dead letters of the streams shown (each stream once)."""
         return sum({m.group.stream: m.group.dead_letters for m in self.groups}.values())
 
 
-async def fresh(rt: Runtime) -> datetime:
-    """The time of the measurements the views read, after measuring anew if they are stale."""
+async def fresh(rt: Runtime) -> tuple[datetime, datetime]:
+    """PostgreSQL's now, and the time of the measurements the views read, after measuring anew
+    if they are stale. Fresh figures cost one query; the lock is taken only to measure."""
     stale_after_s = max(2 * rt.settings.scan_interval_s, STALE_FLOOR_S)
-    async with rt.measuring:
+
+    async def latest() -> tuple[datetime, datetime | None]:
         now, measured_at = await measurements.latest(rt.engine, tenant=rt.settings.tenant)
         if measured_at is not None and (now - measured_at).total_seconds() <= stale_after_s:
-            return measured_at
+            return now, measured_at
+        return now, None
+
+    now, measured_at = await latest()
+    if measured_at is not None:
+        return now, measured_at
+    async with rt.measuring:
+        now, measured_at = await latest()  # a view that held the lock may have measured
+        if measured_at is not None:
+            return now, measured_at
         logger.info(
             "No scan measured the fleet in the last %.0f s: a dry-run scan for the views",
             stale_after_s,
         )
         await rt.measure()
-        _, measured_at = await measurements.latest(rt.engine, tenant=rt.settings.tenant)
-    return measured_at or now
+        now, measured_at = await measurements.latest(rt.engine, tenant=rt.settings.tenant)
+    return now, measured_at or now
 
 
 async def streams(rt: Runtime, *, after: str | None, limit: int = STREAMS_PAGE) -> list[Measured]:
@@ -67,16 +82,14 @@ async def streams(rt: Runtime, *, after: str | None, limit: int = STREAMS_PAGE) 
 
 
 async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
-    await fresh(rt)
+    now, _ = await fresh(rt)
     tenant = rt.settings.tenant
-    now, _ = await measurements.latest(rt.engine, tenant=tenant)
     fleet = await measurements.fleet(rt.engine, tenant=tenant)
     recent = await history.recent_scans(rt.engine, tenant=tenant, limit=scans)
     failed = recent[0].report.get("nodesFailed") or [] if recent else []
     totals = await measurements.totals(rt.engine, tenant=tenant)
     return Overview(
         now=now,
-        as_of=totals.oldest_measured_at,
         totals=totals,
         groups=await measurements.needing_attention(rt.engine, tenant=tenant, limit=ATTENTION_ROWS),
         agents=fleet[0] if fleet is not None else FleetMeasure(0, 0, 0),

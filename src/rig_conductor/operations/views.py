@@ -13,19 +13,19 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime
 from fnmatch import fnmatchcase
+from operator import attrgetter
 
 from rig_conductor.adapters import failures, redis_inspect, redis_keys, redis_reading, redis_streams
 from rig_conductor.adapters.postgres import history, queries
 from rig_conductor.domain import (
     AgentId,
-    ConsumerInfo,
     ConsumerName,
     Evidence,
     GroupInfo,
     GroupName,
     StreamKey,
 )
-from rig_conductor.policy import measure
+from rig_conductor.policy import measure, reclaim
 from rig_conductor.policy.liveness import Fleet, age_ms
 from rig_conductor.runtime import Runtime
 from rig_conductor.settings import Settings
@@ -33,6 +33,7 @@ from rig_conductor.settings import Settings
 AGENTS_PAGE = 100  # agents (or one agent's consumers) per page unless asked otherwise
 MAX_PAGE = 1_000
 LISTED_CONSUMERS = 10  # consumers listed with each agent of a page, the freshest
+by_name = attrgetter("name")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,11 +193,11 @@ async def group_consumers(
     """One group, read live, and a page of its consumers by name after `after`, judged with the
     heartbeats of that page's consumers only; LookupError when there is no such group."""
     found = await _read_group(rt, stream=stream, name=name)
-    page = sorted((c for c in found.consumers if after is None or c.name > after), key=_name)
+    page = sorted((c for c in found.consumers if after is None or c.name > after), key=by_name)
     paged = replace(found, consumers=tuple(page[:limit]))
     known = await evidence(rt, consumers=[c.name for c in paged.consumers])
     rows = consumer_rows(paged, known, rt)
-    return found, sorted(rows, key=lambda row: row.name)
+    return found, sorted(rows, key=by_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,15 +218,7 @@ async def move_choices(
     fleet = Fleet(known, rt.settings.limits)
     mine = tuple(c for c in found.consumers if c.name == consumer)
     owner = next(iter(consumer_rows(replace(found, consumers=mine), known, rt)), None)
-    candidates = sorted(
-        (
-            t
-            for info in found.consumers
-            if info.name != consumer
-            and (t := fleet.target(info, stream=found.stream, group=found.name)) is not None
-        ),
-        key=lambda t: t.rank(),
-    )
+    candidates = reclaim.rank_targets(found, fleet, besides=ConsumerName(consumer))
     return found, owner, [MoveTarget(t.consumer, t.pending, t.degraded) for t in candidates]
 
 
@@ -238,10 +231,6 @@ async def _read_group(rt: Runtime, *, stream: str, name: str) -> GroupInfo:
     if found is None:
         raise LookupError(f"no group {name!r} on stream {stream!r}")
     return found
-
-
-def _name(consumer: ConsumerInfo) -> str:
-    return consumer.name
 
 
 def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[ConsumerRow]:

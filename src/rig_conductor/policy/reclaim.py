@@ -166,16 +166,7 @@ def assess_group(
     ]
     if not owners:  # the common case: nothing to move, no target to rank (a quiet group)
         return GroupAssessment(group.stream, group.name, {}, (), {})
-    targets = tuple(
-        sorted(
-            (
-                t
-                for info in group.consumers
-                if (t := fleet.target(info, stream=group.stream, group=group.name)) is not None
-            ),
-            key=TargetCandidate.rank,
-        )
-    )
+    targets = rank_targets(group, fleet)
     has_healthy = any(not t.degraded for t in targets)
     pending = {info.name: info.pending for info in group.consumers if info.pending}
     rules: list[OwnerRule] = []
@@ -187,6 +178,23 @@ def assess_group(
         rules.append(rule)
     rules.sort(key=lambda r: REASONS.index(r.reason))
     return GroupAssessment(group.stream, group.name, {r.owner: r for r in rules}, targets, held)
+
+
+def rank_targets(
+    group: GroupInfo, fleet: Fleet, *, besides: ConsumerName | None = None
+) -> tuple[TargetCandidate, ...]:
+    """The consumers of `group` (but `besides`) that rule 5 lets receive entries, best first."""
+    return tuple(
+        sorted(
+            (
+                t
+                for info in group.consumers
+                if info.name != besides
+                and (t := fleet.target(info, stream=group.stream, group=group.name)) is not None
+            ),
+            key=TargetCandidate.rank,
+        )
+    )
 
 
 # Redis stamps entry ids with its own clock, the evidence uses PostgreSQL's: allow this much skew.

@@ -105,8 +105,7 @@ async def reap_once(
             worn_at=limits.max_deliveries,
             deadline_ms=limits.entry_deadline_ms,
         )
-    scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics)
-    scan.loaded = holders
+    scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics, holders)
     await scan.every_node(world)  # plan and apply
     await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
@@ -149,6 +148,7 @@ class _Scan:
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None,
+        loaded: set[ConsumerName] | None,
     ) -> None:
         self.report = report
         self.evidence = evidence
@@ -160,7 +160,7 @@ class _Scan:
         self.settings = settings
         self.metrics = metrics
         # The consumers whose own heartbeats the evidence holds (None: every consumer's).
-        self.loaded: set[ConsumerName] | None = None
+        self.loaded = loaded
 
     async def every_node(self, world: reading.Reading) -> None:
         """Plan and apply on every node at once; a node that fails is left out on a cluster

@@ -112,6 +112,33 @@ class ElectorBase:
         logger.info("Leader election (%s) started as %s", self._kind, self._identity)
 
     async def _run(self) -> None:
+        """An attempt every `period_s` (`retry_s` after one the backend did not answer): leader
+        while attempts succeed, each counted only when it ends within the renew deadline of
+        when it began, so a slow answer never extends leadership past the lease."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            began = loop.time()
+            try:
+                refused = await self._claim()
+            except BackendUnreachable:
+                # Leadership, if any, lasts until the renew deadline timer says otherwise;
+                # retry sooner so one failed renewal does not cost it.
+                await self._pause(self.retry_s)
+                continue
+            if refused is not None:
+                self._lose(refused)
+            elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
+                self._renewed(loop, valid_until=began + self.deadline_s, why=self._holding())
+            await self._pause(self.period_s)
+
+    async def _claim(self) -> str | None:
+        """One attempt on the backend: None when this replica holds the lease now, else why
+        not. A backend that does not answer is counted (`_failed`) and BackendUnreachable
+        raised."""
+        raise NotImplementedError
+
+    def _holding(self) -> str:
+        """What this replica holds, for the log line of becoming the leader."""
         raise NotImplementedError
 
     async def _stop_task(self) -> None:
@@ -165,6 +192,10 @@ class ElectorBase:
             self._expiry.cancel()
             self._expiry = None
         self._set_leader(False, why)
+
+
+class BackendUnreachable(Exception):
+    """An election attempt failed for want of its backend (already logged and counted)."""
 
 
 def one_line(exc: BaseException) -> str:

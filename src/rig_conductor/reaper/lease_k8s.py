@@ -15,6 +15,7 @@ from rig_conductor.adapters import kubernetes
 from rig_conductor.reaper.election import (
     DEFAULT_LEASE_DURATION_S,
     DEFAULT_LEASE_NAME,
+    BackendUnreachable,
     ElectorBase,
     OnChange,
     replica_identity,
@@ -99,33 +100,21 @@ class LeaseElector(ElectorBase):
                     exc,
                 )
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
-            began = loop.time()
-            pause = self.period_s
-            try:
-                held = await asyncio.to_thread(self._attempt)
-            except kubernetes.Conflict as exc:
-                self._answered()
-                self._lose(f"conflict on Lease {self.namespace}/{self.name}: {exc}")
-            except kubernetes.KubernetesUnavailable as exc:
-                # Leadership, if any, lasts until the renew deadline timer says otherwise;
-                # retry sooner so one failed renewal does not cost it.
-                logger.warning("Lease %s/%s unavailable: %s", self.namespace, self.name, exc)
-                self._failed(f"Lease {self.namespace}/{self.name} unavailable: {exc}")
-                pause = self.retry_s
-            else:
-                self._answered()
-                if not held:
-                    self._lose(f"Lease {self.namespace}/{self.name} is held by {self.holder}")
-                elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
-                    self._renewed(
-                        loop,
-                        valid_until=began + self.deadline_s,
-                        why=f"holds Lease {self.namespace}/{self.name}",
-                    )
-            await self._pause(pause)
+    async def _claim(self) -> str | None:
+        try:
+            held = await asyncio.to_thread(self._attempt)
+        except kubernetes.Conflict as exc:
+            self._answered()
+            return f"conflict on Lease {self.namespace}/{self.name}: {exc}"
+        except kubernetes.KubernetesUnavailable as exc:
+            logger.warning("Lease %s/%s unavailable: %s", self.namespace, self.name, exc)
+            self._failed(f"Lease {self.namespace}/{self.name} unavailable: {exc}")
+            raise BackendUnreachable from exc
+        self._answered()
+        return None if held else f"Lease {self.namespace}/{self.name} is held by {self.holder}"
+
+    def _holding(self) -> str:
+        return f"holds Lease {self.namespace}/{self.name}"
 
     def _attempt(self) -> bool:
         """One read and at most one write (in a worker thread). True when we hold the Lease."""

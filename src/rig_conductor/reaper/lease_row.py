@@ -13,6 +13,7 @@ import psycopg
 from rig_conductor.adapters.postgres import intake, leases
 from rig_conductor.reaper.election import (
     DEFAULT_LEASE_DURATION_S,
+    BackendUnreachable,
     ElectorBase,
     OnChange,
     one_line,
@@ -73,38 +74,28 @@ class LeaseRowElector(ElectorBase):
                 )
         await self._disconnect()
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self._stopping.is_set():
-            began = loop.time()
-            pause = self.period_s
-            try:
-                # The connect is bounded by its own connect_timeout: cancelling psycopg's connect
-                # half-way would leave an open connection behind, unreferenced.
-                conn = await self._connection()
-                claim = await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                # Leadership, if any, lasts until the renew deadline timer says otherwise;
-                # retry sooner so one failed renewal does not cost it.
-                await self._disconnect()
-                if self._failed(f"PostgreSQL unavailable: {one_line(exc)}"):
-                    logger.warning(
-                        "Reaper lease of tenant %s unavailable: %s", self.tenant, one_line(exc)
-                    )
-                pause = self.retry_s
-            else:
-                if self._answered():
-                    logger.info("Reaper lease of tenant %s reachable again", self.tenant)
-                self.holder = claim.holder
-                if not claim.held:
-                    self._lose(f"reaper lease of tenant {self.tenant} is held by {claim.holder}")
-                elif loop.time() < began + self.deadline_s and not self._stopping.is_set():
-                    self._renewed(
-                        loop,
-                        valid_until=began + self.deadline_s,
-                        why=f"holds the reaper lease of tenant {self.tenant}",
-                    )
-            await self._pause(pause)
+    async def _claim(self) -> str | None:
+        try:
+            # The connect is bounded by its own connect_timeout: cancelling psycopg's connect
+            # half-way would leave an open connection behind, unreferenced.
+            conn = await self._connection()
+            claim = await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
+        except (psycopg.Error, OSError, TimeoutError) as exc:
+            await self._disconnect()
+            if self._failed(f"PostgreSQL unavailable: {one_line(exc)}"):
+                logger.warning(
+                    "Reaper lease of tenant %s unavailable: %s", self.tenant, one_line(exc)
+                )
+            raise BackendUnreachable from exc
+        if self._answered():
+            logger.info("Reaper lease of tenant %s reachable again", self.tenant)
+        self.holder = claim.holder
+        if claim.held:
+            return None
+        return f"reaper lease of tenant {self.tenant} is held by {claim.holder}"
+
+    def _holding(self) -> str:
+        return f"holds the reaper lease of tenant {self.tenant}"
 
     async def _connection(self) -> psycopg.AsyncConnection[Any]:
         conn = self._conn

@@ -74,24 +74,20 @@ async def _refused_speaker(
     """403 when a bound credential may not send `event` (contract: "Who may speak for whom")."""
     if caller.binding is None:
         return None
-    refused = await _refusal(event, caller, rt)
+    if isinstance(event, schemas.IssueAssignedEvent):
+        refused: str | None = "a credential bound to one agent may not dispatch"
+    else:
+        refused = await reports.refusal(
+            rt.known_agents,
+            caller.binding,
+            agent_id=event.agent_id,
+            consumer=event.consumer,
+            work=not isinstance(event, schemas.HeartbeatEvent),
+        )
     if refused is None:
         return None
     logger.warning("Refused %s from %s: %s", event.type, caller.who, refused)
     return JSONResponse({"detail": refused}, status_code=403)
-
-
-async def _refusal(event: schemas.Event, caller: roles.Caller, rt: Runtime) -> str | None:
-    assert caller.binding is not None
-    if isinstance(event, schemas.IssueAssignedEvent):
-        return "a credential bound to one agent may not dispatch"
-    return await reports.refusal(
-        rt.known_agents,
-        caller.binding,
-        agent_id=event.agent_id,
-        consumer=event.consumer,
-        work=not isinstance(event, schemas.HeartbeatEvent),
-    )
 
 
 async def heartbeat(event: schemas.HeartbeatEvent, caller: roles.Caller, rt: Runtime) -> Response:
