@@ -95,6 +95,10 @@ class Agent:
         self._lease_lost = False
         self._joined = False
         self._conductor_down = False
+        # The heartbeat loop's own end. Cancelling it is not enough: a cancellation that lands
+        # as a heartbeat's deadline passes can be swallowed beneath it (a deadline's own cancel
+        # racing it, in asyncio.timeout or the HTTP client), and the loop would beat on for ever.
+        self._closing = False
         self._current: str | None = None
         self._settler = Settler(
             redis=redis,
@@ -139,6 +143,7 @@ class Agent:
             try:
                 await self._until_stopped(work)
             finally:
+                self._closing = True
                 for task in (work, beat):
                     task.cancel()  # no-op for a finished task
                 await asyncio.gather(work, beat, return_exceptions=True)
@@ -191,7 +196,7 @@ class Agent:
 
     async def _heartbeats(self) -> None:
         """Renew the consumer-name lease and heartbeat, every RIG_HEARTBEAT_INTERVAL_S."""
-        while True:
+        while not self._closing:
             try:
                 if not await self._lease.renew():
                     logger.error(
@@ -210,7 +215,6 @@ class Agent:
             except (ConductorUnavailable, ConductorRejected) as exc:
                 logger.warning("Heartbeat failed: %s", exc)
             except TimeoutError:
-                _unless_cancelled()
                 logger.warning("Heartbeat failed: no answer within %.1fs", interval)
             await asyncio.sleep(interval)
 
@@ -485,15 +489,3 @@ __all__ = [
     "LeaseLost",
     "consumer_name",
 ]
-
-
-def _unless_cancelled() -> None:
-    """Raise CancelledError if the current task is being cancelled.
-
-    On Python 3.11, `asyncio.timeout` can turn a cancellation that arrives as its deadline
-    passes into a TimeoutError: the stop's cancel would be swallowed, and the heartbeat loop
-    would go on for ever while shutdown waits for it.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError

@@ -10,8 +10,9 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -455,3 +456,57 @@ async def test_nothing_is_read_before_the_conductor_accepts_a_heartbeat(
             assert (await redis.xpending(S, G))["pending"] == 0
     assert handled == []
     assert "reading nothing until the conductor accepts one" in caplog.text
+
+
+class _SwallowsOneCancel(ConductorClient):
+    """A conductor client whose third heartbeat hangs and swallows the cancellation that ends
+    it, as a cancel scope racing a heartbeat's deadline can; every other heartbeat is real."""
+
+    def __init__(self, stop: asyncio.Event, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stop = stop
+        self.beats = 0
+        self.swallowed = False
+
+    async def heartbeat(self, *, degraded: bool = False, reasons: Sequence[str] = ()) -> None:
+        self.beats += 1
+        if self.beats != 3:
+            await super().heartbeat(degraded=degraded, reasons=reasons)
+            return
+        self.stop.set()  # a stop arrives while this heartbeat is in flight
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.swallowed = True
+            task = asyncio.current_task()
+            assert task is not None
+            task.uncancel()
+
+
+async def test_the_heartbeat_loop_ends_even_when_its_cancellation_is_swallowed(
+    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+) -> None:
+    stop = asyncio.Event()
+    client = _SwallowsOneCancel(stop, base_url=conductor, agent_id=AGENT, consumer=ME)
+    # A heartbeat's deadline is its interval: long enough here for shutdown's cancel to land
+    # inside the hanging heartbeat rather than its deadline.
+    agent = Agent(
+        lambda entry: None,
+        settings=settings(heartbeat_interval_s=3),
+        agent_id=AGENT,
+        group=G,
+        stream=S,
+        consumer=ME,
+        redis=redis,
+        conductor=client,
+        stop=stop,
+        block_ms=100,
+    )
+    try:
+        await asyncio.wait_for(agent.run(), 30)
+    finally:
+        await client.aclose()
+    assert client.swallowed
+    beats = client.beats
+    await asyncio.sleep(3.5)
+    assert client.beats == beats  # and nothing beats on after run() returned
