@@ -119,7 +119,8 @@ class KubeStandIn:
         self.watchers: list[_Watcher] = []
         self.faults: list[Fault] = []
         self.tokens = TokenTable()
-        self.requests: list[tuple[str, str]] = []
+        # Every request by kind, with the perf_counter() it arrived at.
+        self.requests: list[tuple[str, float]] = []
         # perf_counter() just before a DELETED event for a pod is written to a watch connection.
         self.deleted_sent: dict[str, float] = {}
         self.closing = False
@@ -226,8 +227,12 @@ class KubeStandIn:
             self.faults.clear()
 
     def count(self, kind: str) -> int:
+        return len(self.arrivals(kind))
+
+    def arrivals(self, kind: str) -> list[float]:
+        """The perf_counter() of each request of `kind`, in order."""
         with self.cond:
-            return sum(1 for k, _ in self.requests if k == kind)
+            return [at for k, at in self.requests if k == kind]
 
     def lease(self, name: str, *, namespace: str = "default") -> dict[str, Any] | None:
         with self.cond:
@@ -243,7 +248,7 @@ class KubeStandIn:
 
     def take_fault(self, kind: str) -> Fault | None:
         with self.cond:
-            self.requests.append((kind, ""))
+            self.requests.append((kind, time.perf_counter()))
             for fault in self.faults:
                 if fault.kind == kind:
                     if fault.times is not None:

@@ -106,21 +106,20 @@ async def test_two_replicas_one_leader_and_a_takeover_after_the_leader_dies(
     assert kube.count("lease-update") >= 4  # renewing every ~1/3 of the duration
 
     # The leader dies: it stops renewing and never releases.
-    died = time.monotonic()
-    renewed = datetime.fromisoformat(lease["spec"]["renewTime"])
     await a.stop(release=False)
+    lease = kube.lease(LEASE)
+    assert lease is not None
+    ran_out = datetime.fromisoformat(lease["spec"]["renewTime"]) + timedelta(seconds=DURATION_S)
     await wait_for(lambda: b.is_leader, within=DURATION_S + 2)
-    took_over = time.monotonic() - died
 
     lease = kube.lease(LEASE)
     assert lease is not None
     assert lease["spec"]["holderIdentity"] == "conductor-b_1"
     assert lease["spec"]["leaseTransitions"] == 1
-    # Not before the dead leader's lease ran out, and within the duration after that.
-    assert datetime.fromisoformat(lease["spec"]["acquireTime"]) >= renewed + timedelta(
-        seconds=DURATION_S
-    )
-    assert took_over <= DURATION_S + b.period_s + 0.5
+    # Not before the dead leader's lease ran out, and at the follower's next attempt after that
+    # (the stand-in stamps the Lease: these are the API's times, not the test's).
+    acquired = datetime.fromisoformat(lease["spec"]["acquireTime"])
+    assert ran_out <= acquired <= ran_out + timedelta(seconds=b.period_s + 1)
 
 
 async def test_a_stopping_leader_releases_at_once(
@@ -135,11 +134,17 @@ async def test_a_stopping_leader_releases_at_once(
     await b.start()
     await asyncio.sleep(0.3)
 
-    stopped = time.monotonic()
     await a.stop()
     assert not a.is_leader
+    released = kube.lease(LEASE)
+    assert released is not None
+    assert released["spec"].get("holderIdentity") is None  # handed back, not left to run out
     await wait_for(lambda: b.is_leader, within=DURATION_S)
-    assert time.monotonic() - stopped < b.period_s + 0.5  # no need to wait the lease out
+    taken = kube.lease(LEASE)
+    assert taken is not None
+    # No need to wait the lease out: taken before the released one would have run out.
+    ran_out = datetime.fromisoformat(released["spec"]["renewTime"]) + timedelta(seconds=DURATION_S)
+    assert datetime.fromisoformat(taken["spec"]["acquireTime"]) < ran_out
     await asyncio.sleep(0)
     assert changes.seen == [True, False]
 
@@ -325,16 +330,14 @@ async def test_lease_row_one_leader_and_a_takeover_after_the_leader_dies(
     assert row["expires_at"] - row["renewed_at"] == timedelta(seconds=ROW_DURATION_S)  # type: ignore[operator]
 
     # The leader dies: it stops renewing and never releases.
-    died = time.monotonic()
     await a.stop(release=False)
     expired = (await lease_row(engine))["expires_at"]
     await wait_for(lambda: b.is_leader, within=ROW_DURATION_S + 2)
-    took_over = time.monotonic() - died
     row = await lease_row(engine)
     assert row["holder"] == "conductor-b_1"
-    # Not before the dead leader's lease ran out, and within a renew period after that.
-    assert row["acquired_at"] >= expired  # type: ignore[operator]
-    assert took_over <= ROW_DURATION_S + b.period_s + 0.5
+    # Not before the dead leader's lease ran out, and at the follower's next attempt after that
+    # (PostgreSQL's times, not the test's).
+    assert expired <= row["acquired_at"] <= expired + timedelta(seconds=b.period_s + 1)  # type: ignore[operator]
     assert changes.seen == [True, False]
 
 
@@ -348,11 +351,14 @@ async def test_a_stopping_lease_row_leader_releases_at_once(
     await b.start()
     await asyncio.sleep(0.3)
 
-    stopped = time.monotonic()
     await a.stop()
     assert not a.is_leader
+    released = await lease_row(engine)
+    assert released["holder"] is None  # handed back, not left to run out
+    would_run_out = released["renewed_at"] + timedelta(seconds=ROW_DURATION_S)  # type: ignore[operator]
     await wait_for(lambda: b.is_leader, within=ROW_DURATION_S)
-    assert time.monotonic() - stopped < b.period_s + 0.5  # no need to wait the lease out
+    # No need to wait the lease out: taken before a's last renewal would have run out.
+    assert (await lease_row(engine))["acquired_at"] < would_run_out
 
 
 async def test_a_lost_connection_does_not_cost_the_lease_row_leadership(

@@ -4,7 +4,6 @@ watch with no scheduled scan, and of two conductors only one reaps."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -66,18 +65,15 @@ async def test_a_deleted_pod_frees_its_entries_through_the_watch(
     app = create_app(settings, kube=api)
     async with running(app):
         await wait_for(lambda: kube.open_watches() > 0, within=10)  # elected, watching
-        deleted = time.monotonic()
         kube.delete(OWNER, namespace="agents")
 
         async def moved() -> bool:
             return await owners(redis, S, G) == dict.fromkeys(ids, PEER)
 
         await wait_for(moved, within=10)
-        elapsed = time.monotonic() - deleted
         # The watch triggered the scan (the schedule waits an hour); a scan is counted when it
         # ends, after its moves: wait for that before shutting down.
         await wait_for(lambda: scans(app) >= 1, within=10)
-    assert elapsed < 10, f"entries moved {elapsed:.2f}s after the deletion"
     lease = kube.lease("rig-conductor-reaper", namespace="agents")
     assert lease is not None
 

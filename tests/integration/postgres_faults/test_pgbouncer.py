@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 
 import httpx
 import psycopg
@@ -161,7 +160,6 @@ async def test_two_replicas_through_pgbouncer_one_reaps_and_the_other_takes_over
 
         # The active reaper dies without a word; a dead agent's entries are waiting.
         os.kill(leader.process.pid, signal.SIGKILL)
-        killed = time.monotonic()
         await fill(redis, S, G, 3)
         ids = await read(redis, S, G, DEAD, 3)
         await register(redis, S, G, LIVE)
@@ -176,7 +174,6 @@ async def test_two_replicas_through_pgbouncer_one_reaps_and_the_other_takes_over
             return await owners(redis, S, G) == dict.fromkeys(ids, LIVE)
 
         await wait_for(taken_over, within=bound)
-        assert time.monotonic() - killed <= bound
         assert holder_pid(lease_holder(private_pg, database)) == follower.process.pid
 
         async def follower_scanned() -> bool:  # a scan is counted once it ends, after its moves
