@@ -12,7 +12,9 @@ rendered with one join, not a line at a time. `configure` puts a bounded queue i
 stderr: the scan enqueues, a thread formats and writes. A slow stderr slows the scan to its
 pace (the queue holds at most QUEUE_RECORDS records, so memory stays flat at any volume); a
 closed one costs nothing; one that takes nothing for STALL_S (a full pipe nobody reads) is
-given up on, its lines dropped, and never stalls a scan or the exit for longer.
+given up on, its lines dropped, and never stalls a scan or the exit for longer. The queue is
+fed by the standard library's QueueHandler; it is drained by a thread of ours rather than a
+QueueListener, whose stop() joins its thread with no bound: a stuck stderr would hang the exit.
 
 One record is one line in the text format too, whatever it quotes: a request path, a consumer
 name read from Redis, an error message or a traceback may hold a newline, and an unescaped one

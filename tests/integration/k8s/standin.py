@@ -121,8 +121,6 @@ class KubeStandIn:
         self.tokens = TokenTable()
         # Every request by kind, with the perf_counter() it arrived at.
         self.requests: list[tuple[str, float]] = []
-        # perf_counter() just before a DELETED event for a pod is written to a watch connection.
-        self.deleted_sent: dict[str, float] = {}
         self.closing = False
         self._server = _Server(self)
         self._thread = threading.Thread(
@@ -488,8 +486,6 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if event.namespace != watcher.namespace or not matches(watcher.selector, event.labels):
             return
-        if event.type == "DELETED":
-            self.api.deleted_sent[event.obj["metadata"]["name"]] = time.perf_counter()
         self._chunk({"type": event.type, "object": event.obj})
 
     def _chunk(self, event: dict[str, Any]) -> None:

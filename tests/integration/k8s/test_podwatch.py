@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import statistics
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -224,10 +223,9 @@ async def test_on_gone_failures_do_not_stop_the_watch(
     assert "on_gone(a-0) failed" in caplog.text
 
 
-async def test_latency_from_deleted_event_to_on_gone(
-    kube: KubeStandIn, watches: WatchFactory, record_property: Callable[[str, object], None]
+async def test_a_burst_of_deletions_reaches_on_gone_once_each(
+    kube: KubeStandIn, watches: WatchFactory
 ) -> None:
-    """Time from the stand-in writing a DELETED event to on_gone running on the event loop."""
     n = 200
     for i in range(n):
         kube.add_pod(f"agent-{i:03d}", namespace="agents", labels=LABELS)
@@ -239,14 +237,5 @@ async def test_latency_from_deleted_event_to_on_gone(
         kube.delete(f"agent-{i:03d}", namespace="agents")
         await asyncio.sleep(0.005)
     await wait_for(lambda: len(gone.calls) == n, within=10)
-
-    latencies_ms = sorted((at - kube.deleted_sent[name]) * 1000 for name, at in gone.calls)
-    p50 = statistics.median(latencies_ms)
-    p99 = latencies_ms[int(n * 0.99) - 1]
-    summary = (
-        f"DELETED->on_gone over {n} deletions: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-        f"max {latencies_ms[-1]:.2f} ms"
-    )
-    record_property("latency", summary)
-    print(summary)
-    assert p50 < 50
+    assert sorted(gone.names) == [f"agent-{i:03d}" for i in range(n)]  # each once
+    assert watch.lists == 1  # from the one watch, no relist
