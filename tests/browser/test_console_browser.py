@@ -16,7 +16,7 @@ from playwright.async_api import Browser, Page, expect
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.e2e.fleet import GROUP, STREAM, Fleet, conductor_env, heard_from, pending
+from tests.e2e.fleet import GROUP, ONE_READ, STREAM, Fleet, conductor_env, heard_from, pending
 from tests.integration.helpers import serve, wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -97,7 +97,7 @@ async def stuck(
     ):
         fleet_env = {"E2E_OUT_DIR": str(out), "RIG_API_TOKEN": AGENT}
         with Fleet(redis_url, conductor.url, tmp_path, fleet_env) as fleet:
-            victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="3", E2E_HOLD_FILE=str(hold))
+            victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="3", E2E_HOLD_FILE=str(hold), **ONE_READ)
             await wait_for(lambda: heard_from(api, victim.consumer), within=30)
             for n in range(1, 7):
                 await dispatch(api, f"rc-{n}")

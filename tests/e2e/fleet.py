@@ -39,6 +39,12 @@ HANDLER = "tests.e2e.handlers:build"
 STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 15
 
 
+# For an agent that must take its next entry from the stream, not its own pending list: a
+# failed entry stays pending, and a loaded machine can make the runtime's next read of its own
+# list (every RIG_SCAN_INTERVAL_S) come first. Its list is read at start only.
+ONE_READ = {"RIG_SCAN_INTERVAL_S": "3600"}
+
+
 def conductor_env(agent_ids: list[str], **extra: str) -> dict[str, str]:
     """`rig-conductor serve` settings on short thresholds: a dead agent is noticed in seconds."""
     return {
@@ -120,15 +126,17 @@ class Fleet:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
         python_path = [p for p in (environment.get("PYTHONPATH"), str(REPO)) if p]
         environment.update(
-            PYTHONPATH=os.pathsep.join(python_path),
-            PYTHONFAULTHANDLER="1",  # threads' stacks into the log on SIGABRT (`stop`)
-            RIG_REDIS_URL=self.redis_url,
-            RIG_CONDUCTOR_URL=self.conductor_url,
-            RIG_HEARTBEAT_INTERVAL_S="0.5",
-            RIG_SCAN_INTERVAL_S="1",
-            CONSUMER_ID=consumer,
-            **self.env,
-            **env,
+            {
+                "PYTHONPATH": os.pathsep.join(python_path),
+                "PYTHONFAULTHANDLER": "1",  # threads' stacks into the log on SIGABRT (`stop`)
+                "RIG_REDIS_URL": self.redis_url,
+                "RIG_CONDUCTOR_URL": self.conductor_url,
+                "RIG_HEARTBEAT_INTERVAL_S": "0.5",
+                "RIG_SCAN_INTERVAL_S": "1",
+                "CONSUMER_ID": consumer,
+            }
+            | self.env
+            | env
         )
         log = self.workdir / "logs" / f"{consumer}.log"
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.integration.helpers import serve, wait_for
 
 from .fleet import (
+    ONE_READ,
     STREAM,
     Fleet,
     accepted_completions,
@@ -50,7 +51,7 @@ async def test_a_killed_agents_entries_are_reclaimed_and_completed_exactly_once(
         httpx.AsyncClient(base_url=conductor.url) as api,
     ):
         with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out)}) as fleet:
-            victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="2", E2E_HOLD_FILE=str(hold))
+            victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="2", E2E_HOLD_FILE=str(hold), **ONE_READ)
             await wait_for(lambda: heard_from(api, victim.consumer), within=30)
             entries = {issue: await dispatch(api, issue, {"title": issue}) for issue in ISSUES}
             await wait_for(lambda: (out / f"holding-{victim.consumer}").exists(), within=15)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import redis_client, redis_keys
 from tests.e2e.fleet import (
     GROUP,
+    ONE_READ,
     STREAM,
     Fleet,
     accepted_completions,
@@ -66,7 +67,9 @@ async def test_the_core_loop_on_each_topology(
             agents = {**agent_side, "E2E_OUT_DIR": str(out), "RIG_MAX_DELIVERIES": "2"}
             agent_url = agents.pop("RIG_REDIS_URL")
             with Fleet(agent_url, conductor.url, tmp_path, agents) as fleet:
-                victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="1", E2E_HOLD_FILE=str(hold))
+                victim = fleet.start(
+                    *VICTIM, E2E_FAIL_FIRST="1", E2E_HOLD_FILE=str(hold), **ONE_READ
+                )
                 await wait_for(lambda: heard_from(api, victim.consumer), within=30)
                 entries = {issue: await dispatch(api, issue, {"n": issue}) for issue in ISSUES}
                 await wait_for(lambda: (out / f"holding-{victim.consumer}").exists(), within=30)
