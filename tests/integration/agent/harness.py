@@ -16,12 +16,35 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.agent import Entry, run_agent
-from rig_conductor.agent.runtime import SHUTDOWN_GRACE_S
+from rig_conductor.agent.conductor import ConductorClient
+from rig_conductor.agent.runtime import SHUTDOWN_GRACE_S, Agent
 from rig_conductor.agent.settings import AgentSettings
 
 S, G = "rig:dispatch", "builders"
 AGENT = "dev-e"
 ME = "dev-e-agent-0"
+
+
+def agent_of(
+    handler: Callable[[Entry], Any],
+    settings: AgentSettings,
+    *,
+    redis: Redis,
+    conductor: ConductorClient,
+    **options: Any,
+) -> Agent:
+    """An Agent (not started) reading S as ME of G for AGENT; `options` as Agent takes them."""
+    return Agent(
+        handler,
+        settings=settings,
+        agent_id=AGENT,
+        group=G,
+        stream=S,
+        consumer=ME,
+        redis=redis,
+        conductor=conductor,
+        **options,
+    )
 
 
 @contextlib.asynccontextmanager

@@ -13,11 +13,10 @@ from redis.asyncio import Redis
 
 from rig_conductor.agent import Entry
 from rig_conductor.agent.conductor import ConductorClient
-from rig_conductor.agent.runtime import Agent
 from rig_conductor.agent.settings import AgentSettings
 
 from ..helpers import wait_for
-from .harness import AGENT, ME, G, S, dispatch, drained
+from .harness import AGENT, ME, G, S, agent_of, dispatch, drained
 
 
 async def test_a_vanished_group_is_created_again_from_0_and_read_on(
@@ -34,13 +33,9 @@ async def test_a_vanished_group_is_created_again_from_0_and_read_on(
 
     stop = asyncio.Event()
     client = ConductorClient(base_url=conductor, agent_id=AGENT, consumer=ME)
-    agent = Agent(
+    agent = agent_of(
         handle,
-        settings=settings(),
-        agent_id=AGENT,
-        group=G,
-        stream=S,
-        consumer=ME,
+        settings(),
         redis=redis,
         conductor=client,
         start_id="$",  # new entries only, at the first join

@@ -23,7 +23,6 @@ from rig_conductor.adapters.postgres import work as work_store
 from rig_conductor.agent import Entry, staging
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.lease import lease_key
-from rig_conductor.agent.runtime import Agent
 from rig_conductor.agent.settings import AgentSettings
 
 from ..helpers import wait_for
@@ -32,6 +31,7 @@ from .harness import (
     ME,
     G,
     S,
+    agent_of,
     assignment,
     back_to_me,
     delivered_to_me,
@@ -53,17 +53,7 @@ async def test_group_is_created_lazily_and_the_consumer_registered_before_any_re
 ) -> None:
     await redis.xadd(S, {"type": "ISSUE_ASSIGNED", "issueId": "rc-0"})
     client = ConductorClient(base_url=conductor, agent_id=AGENT, consumer=ME)
-    agent = Agent(
-        lambda entry: None,
-        settings=settings(),
-        agent_id=AGENT,
-        group=G,
-        stream=S,
-        consumer=ME,
-        redis=redis,
-        conductor=client,
-        start_id="$",
-    )
+    agent = agent_of(lambda entry: None, settings(), redis=redis, conductor=client, start_id="$")
     try:
         await agent._join_group()  # what run() does first, before reading
         await agent._join_group()  # BUSYGROUP the second time: fine
@@ -490,13 +480,9 @@ async def test_the_heartbeat_loop_ends_even_when_its_cancellation_is_swallowed(
     client = _SwallowsOneCancel(stop, base_url=conductor, agent_id=AGENT, consumer=ME)
     # A heartbeat's deadline is its interval: long enough here for shutdown's cancel to land
     # inside the hanging heartbeat rather than its deadline.
-    agent = Agent(
+    agent = agent_of(
         lambda entry: None,
-        settings=settings(heartbeat_interval_s=3),
-        agent_id=AGENT,
-        group=G,
-        stream=S,
-        consumer=ME,
+        settings(heartbeat_interval_s=3),
         redis=redis,
         conductor=client,
         stop=stop,
