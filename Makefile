@@ -4,6 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 
 RUNS ?= 10
+# pytest-xdist workers for the test targets (tests/distribution.py: which worker runs what).
+# Most tests wait on servers and timers, so three share two cores well; WORKERS=0 runs serially.
+WORKERS ?= 3
+XDIST = -n $(WORKERS)
 
 .PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
 
@@ -22,7 +26,7 @@ run: install
 
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
-	$(BIN)/python -m pytest --ignore=tests/install --ignore=tests/image --ignore=tests/chart
+	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -34,7 +38,7 @@ test-unit: install
 ## The tests that talk to Redis and PostgreSQL (CI runs them on the machine's servers as well).
 ## The Spark audit's reads are left to `make test`: JDBC reads every PostgreSQL alike.
 test-servers: install
-	$(BIN)/python -m pytest tests/integration --ignore=tests/integration/test_audit.py \
+	$(BIN)/python -m pytest $(XDIST) tests/integration --ignore=tests/integration/test_audit.py \
 	  --ignore=tests/integration/test_audit_at_scale.py --ignore=tests/integration/test_audit_cluster.py
 
 ## Flake hunt: the end-to-end and topology tiers RUNS times in a row (default 10), every failure listed.

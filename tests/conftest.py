@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -32,6 +33,9 @@ from rig_conductor.adapters.postgres.tables import metadata
 from rig_conductor.embedded import postgres_server, redis_server
 from rig_conductor.settings import Settings
 from tests import redis_kit
+
+# Under pytest-xdist (`make test`): which worker runs which file.
+pytest_plugins = ["tests.distribution"]
 
 
 @pytest.fixture(scope="session")
@@ -56,11 +60,32 @@ def embedded_redis_url(_servers: ExitStack) -> str:
     return _servers.enter_context(redis_server(_server_directory(_servers, "redis62")))
 
 
+def worker_database(url: str) -> str:
+    """The configured Redis URL, moved to a database of this pytest-xdist worker's own.
+
+    Every test flushes its database, so workers sharing one would wipe each other's data.
+    Worker gwN takes the configured database number minus N (CI names 15: workers use 15, 14,
+    13...); a serial run keeps it as it is.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker.removeprefix("gw"))
+    if index == 0:
+        return url
+    parts = urlsplit(url)
+    database = int(parts.path.strip("/") or 0) - index
+    if database < 0:
+        raise pytest.UsageError(
+            f"RIG_TEST_REDIS_URL names database {database + index}: too low for worker {worker}"
+            " (give a database number at least as high as the number of workers less one)"
+        )
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
 @pytest.fixture(scope="session")
 def redis_url(request: pytest.FixtureRequest) -> str:
     configured = os.environ.get("RIG_TEST_REDIS_URL")
     if configured:
-        return configured
+        return worker_database(configured)
     url: str = request.getfixturevalue("embedded_redis_url")
     return url
 
