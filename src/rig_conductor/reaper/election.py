@@ -141,6 +141,41 @@ class ElectorBase:
         """What this replica holds, for the log line of becoming the leader."""
         raise NotImplementedError
 
+    # What a failed release raises (besides a timeout): the lease is then left to expire.
+    _release_errors: tuple[type[Exception], ...] = ()
+
+    async def stop(self, *, release: bool = True) -> None:
+        """Stop renewing; when leading, hand the lease back so a follower need not wait it out.
+
+        `release=False` leaves the lease to expire, as a crashed replica would.
+        """
+        await self._stop_task()
+        was_leader = self._leader
+        self._lose("stopped")
+        expected: tuple[type[Exception], ...] = (*self._release_errors, TimeoutError)
+        if release and was_leader:
+            try:
+                await asyncio.wait_for(self._release(), timeout=self._release_timeout_s())
+            except expected as exc:
+                logger.info(
+                    "%s not released, it will expire instead: %s", self._lease(), one_line(exc)
+                )
+        await self._closed()
+
+    def _lease(self) -> str:
+        """The lease, as the log names it."""
+        raise NotImplementedError
+
+    async def _release(self) -> None:
+        """Hand the lease back if this replica still holds it."""
+        raise NotImplementedError
+
+    def _release_timeout_s(self) -> float:
+        raise NotImplementedError
+
+    async def _closed(self) -> None:
+        """Let go of what the backend keeps open between attempts (nothing, by default)."""
+
     async def _stop_task(self) -> None:
         """End the loop now. An attempt in flight in a worker thread may still land; that is
         safe: its write and a release race on one resourceVersion, and the loser gets a 409."""

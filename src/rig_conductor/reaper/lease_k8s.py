@@ -51,6 +51,8 @@ def lease_action(
 class LeaseElector(ElectorBase):
     """Leader election on a coordination.k8s.io/v1 Lease (see the module docstring)."""
 
+    _release_errors = (kubernetes.KubernetesUnavailable, kubernetes.Conflict)
+
     def __init__(
         self,
         *,
@@ -79,26 +81,14 @@ class LeaseElector(ElectorBase):
         self._clock = clock or (lambda: datetime.now(UTC))
         self.holder: str | None = None  # the holder seen at the last read
 
-    async def stop(self, *, release: bool = True) -> None:
-        """Stop renewing; when leading, hand the Lease back so a follower need not wait it out.
+    def _lease(self) -> str:
+        return f"Lease {self.namespace}/{self.name}"
 
-        `release=False` leaves the Lease to expire, as a crashed replica would.
-        """
-        await self._stop_task()
-        was_leader = self._leader
-        self._lose("stopped")
-        if release and was_leader:
-            try:
-                await asyncio.wait_for(
-                    asyncio.to_thread(self._release), timeout=2 * sum(self._timeout)
-                )
-            except (kubernetes.KubernetesUnavailable, kubernetes.Conflict, TimeoutError) as exc:
-                logger.info(
-                    "Lease %s/%s not released, it will expire instead: %r",
-                    self.namespace,
-                    self.name,
-                    exc,
-                )
+    async def _release(self) -> None:
+        await asyncio.to_thread(self._clear_holder)
+
+    def _release_timeout_s(self) -> float:
+        return 2 * sum(self._timeout)
 
     async def _claim(self) -> str | None:
         try:
@@ -153,7 +143,7 @@ class LeaseElector(ElectorBase):
         self.holder = self.identity
         return True
 
-    def _release(self) -> None:
+    def _clear_holder(self) -> None:
         """Clear the holder, as client-go's ReleaseOnCancel does, if we still hold it."""
         record = kubernetes.read_lease(
             self.api, namespace=self.namespace, name=self.name, timeout=self._timeout

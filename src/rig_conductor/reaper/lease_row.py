@@ -31,6 +31,8 @@ class LeaseRowElector(ElectorBase):
     state: a broken one is simply opened again, on any server connection the pooler picks.
     """
 
+    _release_errors = (psycopg.Error, OSError)
+
     def __init__(
         self,
         *,
@@ -55,23 +57,13 @@ class LeaseRowElector(ElectorBase):
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self.holder: str | None = None  # the holder seen at the last attempt
 
-    async def stop(self, *, release: bool = True) -> None:
-        """Stop renewing; when leading, hand the lease back so a follower need not wait it out.
+    def _lease(self) -> str:
+        return f"Reaper lease of tenant {self.tenant}"
 
-        `release=False` leaves the lease to expire, as a crashed replica would.
-        """
-        await self._stop_task()
-        was_leader = self._leader
-        self._lose("stopped")
-        if release and was_leader:
-            try:
-                await asyncio.wait_for(self._release(), timeout=2 * self._timeout_s)
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                logger.info(
-                    "Reaper lease of tenant %s not released, it will expire instead: %s",
-                    self.tenant,
-                    one_line(exc),
-                )
+    def _release_timeout_s(self) -> float:
+        return 2 * self._timeout_s
+
+    async def _closed(self) -> None:
         await self._disconnect()
 
     async def _claim(self) -> str | None:
