@@ -11,6 +11,7 @@ migrated to head, and dropped at the end.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import uuid
@@ -25,6 +26,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import engine as pg
@@ -122,7 +124,7 @@ def database_url(_servers: ExitStack) -> Iterator[str]:
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[Redis]:
     client = redis_kit.connect(redis_url)
-    await client.flushdb()
+    await asyncio.wait_for(client.flushdb(), timeout=20)
     yield client
     await client.aclose()
 
@@ -130,11 +132,35 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 @pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = pg.create_engine(database_url, pool_size=5)
+    try:
+        await _empty_tables(engine)
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def _empty_tables(engine: AsyncEngine) -> None:
+    """TRUNCATE every table. A connection left inside a transaction (by an earlier test, or a
+    task it did not end) blocks that for good: fail within seconds, naming the culprits."""
     tables = ", ".join(table.name for table in metadata.sorted_tables)
-    async with engine.begin() as conn:
-        await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
-    yield engine
-    await engine.dispose()
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("SET LOCAL lock_timeout = '20s'"))
+            await conn.execute(text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+        async with engine.connect() as conn:
+            holders = (await conn.execute(text(_HOLDERS))).all()
+        pytest.fail(f"the tables stay locked by another connection: {holders}")
+
+
+# Who else is connected to the test database, and what they are doing.
+_HOLDERS = """
+SELECT pid, application_name, state, now() - xact_start AS in_transaction, left(query, 200)
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
 
 
 @pytest.fixture
