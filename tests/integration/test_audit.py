@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters import redis_streams  # noqa: E402
 from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
+from rig_conductor.adapters.postgres import dispatches as dispatch_rows  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,
@@ -75,7 +76,7 @@ class World:
             self.redis, stream=StreamKey(stream), key=label, fields=fields, remember_s=86_400
         )
         assert appended
-        await work.record_dispatch(
+        await dispatch_rows.record_dispatch(
             self.engine,
             tenant=TENANT,
             key=label,

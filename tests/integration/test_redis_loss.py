@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_keys, redis_streams
+from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.app import create_app
@@ -40,7 +41,7 @@ async def dispatched(redis: Redis, engine: AsyncEngine, issue: str) -> str:
     entry_id, _ = await redis_streams.append_once(
         redis, stream=S, key=issue, fields=fields(issue), remember_s=3600
     )
-    await work.record_dispatch(
+    await dispatch_rows.record_dispatch(
         engine, tenant="default", key=issue, issue_id=issue, agent_id="builder",
         stream=S, entry_id=entry_id, fields=fields(issue),
     )  # fmt: skip

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rig_conductor.adapters import redis_client, redis_streams
-from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.postgres import dispatches
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.runtime import Runtime
 
@@ -77,7 +77,7 @@ async def dispatch(rt: Runtime, issue: Assignment) -> Dispatched:
         entry_id, appended = await redis_streams.append_once(
             rt.redis, stream=stream, key=key, fields=fields, remember_s=remember_s
         )
-    await work.record_dispatch(
+    await dispatches.record_dispatch(
         rt.engine,
         tenant=rt.settings.tenant,
         key=key,

@@ -5,12 +5,13 @@ record of appending a dispatch again. Decides nothing: `reaper.redispatch` and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 
@@ -40,6 +41,45 @@ _RECENT_UNSTARTED = text(
      LIMIT :limit
     """
 )
+
+
+async def record_dispatch(
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    key: str,
+    issue_id: str,
+    agent_id: str,
+    stream: str,
+    entry_id: str,
+    fields: Mapping[str, str] | None = None,
+) -> bool:
+    """Record an appended dispatch once per idempotency key, with the `fields` appended; True
+    when recorded now.
+
+    Called after every append and every repeat: a repeat whose first attempt appended but could
+    not record (PostgreSQL down, or the process killed in between) completes the record, and
+    the ISSUE_ASSIGNED event is written exactly once, with the row.
+    """
+    async with engine.begin() as conn:
+        inserted = await conn.execute(
+            insert(dispatches)
+            .values(
+                tenant=tenant,
+                idempotency_key=key,
+                stream=stream,
+                entry_id=entry_id,
+                issue_id=issue_id,
+                agent_id=agent_id,
+                fields=dict(fields) if fields is not None else None,
+            )
+            .on_conflict_do_nothing()
+            .returning(dispatches.c.idempotency_key)
+        )
+        if inserted.first() is None:
+            return False
+        await _assigned(conn, tenant, agent_id, stream, entry_id, issue_id, {"idempotencyKey": key})
+    return True
 
 
 async def recent_unstarted(
@@ -73,18 +113,39 @@ async def reappended(
         )
         if moved.first() is None:
             return False
-        await conn.execute(
-            events.insert().values(
-                tenant=tenant,
-                kind="ISSUE_ASSIGNED",
-                agent_id=dispatch.agent_id,
-                stream=dispatch.stream,
-                entry_id=entry_id,
-                issue_id=dispatch.issue_id,
-                detail={"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
-            )
+        await _assigned(
+            conn,
+            tenant,
+            dispatch.agent_id,
+            dispatch.stream,
+            entry_id,
+            dispatch.issue_id,
+            {"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
         )
     return True
+
+
+async def _assigned(
+    conn: AsyncConnection,
+    tenant: str,
+    agent_id: str,
+    stream: str,
+    entry_id: str,
+    issue_id: str,
+    detail: dict[str, str],
+) -> None:
+    """The ISSUE_ASSIGNED event of a dispatch row just written, in the row's transaction."""
+    await conn.execute(
+        events.insert().values(
+            tenant=tenant,
+            kind="ISSUE_ASSIGNED",
+            agent_id=agent_id,
+            stream=stream,
+            entry_id=entry_id,
+            issue_id=issue_id,
+            detail=detail,
+        )
+    )
 
 
 async def remembered_epochs(engine: AsyncEngine, *, tenant: str) -> dict[str, str]:

@@ -3,7 +3,7 @@ idempotent dispatch and attempt fencing. Decides nothing beyond what each statem
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -11,57 +11,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import assignments, dispatches, events
+from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.domain import EntryId, Progress, StreamKey
-
-
-async def record_dispatch(
-    engine: AsyncEngine,
-    *,
-    tenant: str,
-    key: str,
-    issue_id: str,
-    agent_id: str,
-    stream: str,
-    entry_id: str,
-    fields: Mapping[str, str] | None = None,
-) -> bool:
-    """Record an appended dispatch once per idempotency key, with the `fields` appended; True
-    when recorded now.
-
-    Called after every append and every repeat: a repeat whose first attempt appended but could
-    not record (PostgreSQL down, or the process killed in between) completes the record, and
-    the ISSUE_ASSIGNED event is written exactly once, with the row.
-    """
-    async with engine.begin() as conn:
-        inserted = await conn.execute(
-            insert(dispatches)
-            .values(
-                tenant=tenant,
-                idempotency_key=key,
-                stream=stream,
-                entry_id=entry_id,
-                issue_id=issue_id,
-                agent_id=agent_id,
-                fields=dict(fields) if fields is not None else None,
-            )
-            .on_conflict_do_nothing()
-            .returning(dispatches.c.idempotency_key)
-        )
-        if inserted.first() is None:
-            return False
-        await conn.execute(
-            events.insert().values(
-                tenant=tenant,
-                kind="ISSUE_ASSIGNED",
-                agent_id=agent_id,
-                stream=stream,
-                entry_id=entry_id,
-                issue_id=issue_id,
-                detail={"idempotencyKey": key},
-            )
-        )
-    return True
 
 
 @dataclass(frozen=True, slots=True)
