@@ -181,13 +181,8 @@ def read_pod(
     Any other failure raises KubernetesUnavailable: only a 404 says the pod is absent.
     """
     core = client.CoreV1Api(api)
-    try:
-        body = _call_json(core.read_namespaced_pod, name, namespace, _request_timeout=timeout)
-    except KubernetesUnavailable as exc:
-        if exc.status == HTTP_NOT_FOUND:
-            return None
-        raise
-    return _observation(body)
+    body = _read_json(core.read_namespaced_pod, name, namespace, timeout)
+    return None if body is None else _observation(body)
 
 
 def watch_pods(
@@ -238,15 +233,8 @@ def read_lease(
 ) -> LeaseRecord | None:
     """The Lease, or None when it does not exist (404)."""
     coordination = client.CoordinationV1Api(api)
-    try:
-        body = _call_json(
-            coordination.read_namespaced_lease, name, namespace, _request_timeout=timeout
-        )
-    except KubernetesUnavailable as exc:
-        if exc.status == HTTP_NOT_FOUND:
-            return None
-        raise
-    return _lease_record(body)
+    body = _read_json(coordination.read_namespaced_lease, name, namespace, timeout)
+    return None if body is None else _lease_record(body)
 
 
 def create_lease(
@@ -337,6 +325,16 @@ def _call_json(method: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise KubernetesUnavailable(f"expected a JSON object, got {type(body).__name__}")
     return body
+
+
+def _read_json(method: Any, name: str, namespace: str, timeout: Timeout) -> dict[str, Any] | None:
+    """GET one object by name as JSON; None when the API answers 404 (no such object)."""
+    try:
+        return _call_json(method, name, namespace, _request_timeout=timeout)
+    except KubernetesUnavailable as exc:
+        if exc.status == HTTP_NOT_FOUND:
+            return None
+        raise
 
 
 def _unavailable(exc: ApiException) -> Exception:

@@ -32,31 +32,42 @@ logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = frozenset("*?[")
 
+# The Lua both dead-letter scripts share: appends an entry's fields, less the diagnostics a
+# dead letter carries (_DIAGNOSTICS), to `fields`; returns its issueId, or false.
+_OWN_FIELDS_LUA = """
+local function own_fields(stored, fields)
+  local reserved = {originalId=true, stream=true, group=true,
+                    consumer=true, deliveries=true, reason=true}
+  local issue = false
+  for i = 1, #stored, 2 do
+    if not reserved[stored[i]] then
+      table.insert(fields, stored[i])
+      table.insert(fields, stored[i + 1])
+    end
+    if stored[i] == 'issueId' then issue = stored[i + 1] end
+  end
+  return issue
+end
+"""
+
 # Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
 # same consumer and still at least as idle as the scan saw it. Copies the entry with its
 # diagnostics to the DLQ stream, then XACKs it on the source.
 # KEYS: stream, dlq. ARGV: group, consumer, id, min-idle, reason, deliveries known elsewhere
 # (the recorded attempts); the DLQ's `deliveries` is the larger count.
-_DEAD_LETTER_LUA = """
+_DEAD_LETTER_LUA = (
+    _OWN_FIELDS_LUA
+    + """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4],
                            ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
 local deliveries = math.max(pending[1][4], tonumber(ARGV[6]))
 local fields = {'originalId', ARGV[3], 'stream', KEYS[1], 'group', ARGV[1],
                 'consumer', ARGV[2], 'deliveries', tostring(deliveries), 'reason', ARGV[5]}
-local reserved = {originalId=true, stream=true, group=true,
-                  consumer=true, deliveries=true, reason=true}
 local found = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
 local issue = false
 if #found == 1 then
-  local original = found[1][2]
-  for i = 1, #original, 2 do
-    if not reserved[original[i]] then
-      table.insert(fields, original[i])
-      table.insert(fields, original[i + 1])
-    end
-    if original[i] == 'issueId' then issue = original[i + 1] end
-  end
+  issue = own_fields(found[1][2], fields)
 else
   fields[12] = ARGV[5] .. '; entry no longer in the stream'
 end
@@ -64,29 +75,24 @@ local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 return {dlq_id, deliveries, issue}
 """
+)
 
 
 # Requeue one dead letter: append its original fields to its stream as a new entry and delete it
 # from the DLQ, atomically. KEYS: dlq, stream. ARGV: dlq id. Returns {new id, issueId} or nil.
-_REQUEUE_LUA = """
+_REQUEUE_LUA = (
+    _OWN_FIELDS_LUA
+    + """
 local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if #found == 0 then return false end
-local reserved = {originalId=true, stream=true, group=true,
-                  consumer=true, deliveries=true, reason=true}
-local fields, issue = {}, false
-local stored = found[1][2]
-for i = 1, #stored, 2 do
-  if not reserved[stored[i]] then
-    table.insert(fields, stored[i])
-    table.insert(fields, stored[i + 1])
-  end
-  if stored[i] == 'issueId' then issue = stored[i + 1] end
-end
+local fields = {}
+local issue = own_fields(found[1][2], fields)
 if #fields == 0 then fields = {'requeuedFrom', ARGV[1]} end
 local new_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('XDEL', KEYS[1], ARGV[1])
 return {new_id, issue}
 """
+)
 _DIAGNOSTICS = ("originalId", "stream", "group", "consumer", "deliveries", "reason")
 # Options of a read whose reply is left as bytes, however the client decodes: what others wrote
 # into a stream need not be UTF-8, and a strict decode would fail the whole read.
