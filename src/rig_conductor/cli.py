@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from rig_conductor import __version__, gcpolicy, logs
-from rig_conductor.settings import Settings, SettingsError, load_settings
+from rig_conductor.settings import Settings, settings_for
 
 if TYPE_CHECKING:
     from rig_conductor.reaper.cycle import ScanReport
@@ -33,10 +33,8 @@ Command = Callable[[argparse.Namespace, Settings], int]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"rig-conductor: {exc}", file=sys.stderr)
+    settings = settings_for("rig-conductor")
+    if settings is None:
         return EXIT_USAGE
     logs.configure(settings.log_format)
     command: Command = args.command

@@ -6,6 +6,7 @@ Built once in `cli.py` and passed down; nothing else reads the environment for t
 from __future__ import annotations
 
 import ipaddress
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,8 @@ from sqlalchemy.exc import ArgumentError
 from rig_conductor.domain import Limits
 from rig_conductor.settings_base import (
     ENV_PREFIX,
+    AnyCase,
+    BlankIsUnset,
     CommaList,
     RigSettings,
     SettingsError,
@@ -128,7 +131,7 @@ class Settings(RigSettings):
     dry_run: bool = Field(
         default=False, description="log and count decisions, change nothing in Redis"
     )
-    k8s_enabled: Literal["true", "false", "auto"] = Field(
+    k8s_enabled: Annotated[Literal["true", "false", "auto"], AnyCase] = Field(
         default="auto",
         description=(
             "`true`, `false` or `auto` (on when running in a cluster); in-cluster "
@@ -192,7 +195,7 @@ class Settings(RigSettings):
             "whether the ingress strips it or not"
         ),
     )
-    session_secret: SecretStr | None = Field(
+    session_secret: Annotated[SecretStr | None, BlankIsUnset] = Field(
         default=None,
         description=(
             "key the console's session cookies and the tokens' audit fingerprints are derived "
@@ -236,11 +239,7 @@ class Settings(RigSettings):
             agent, colon, token = item.get_secret_value().rpartition(":")
             if not colon or not agent.strip():
                 raise ValueError("every item must be `<agentId>:<token>`")
-            if len(token) < TOKEN_MIN:
-                raise ValueError(
-                    f"every token must be at least {TOKEN_MIN} characters "
-                    "(e.g. `openssl rand -hex 24`)"
-                )
+            _long_enough(token)
         return value
 
     @property
@@ -252,10 +251,8 @@ class Settings(RigSettings):
     @field_validator(*_TOKEN_FIELDS)
     @classmethod
     def _long_tokens(cls, value: tuple[SecretStr, ...]) -> tuple[SecretStr, ...]:
-        if any(len(token.get_secret_value()) < TOKEN_MIN for token in value):
-            raise ValueError(
-                f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
-            )
+        for token in value:
+            _long_enough(token.get_secret_value())
         return value
 
     @field_validator("forwarded_allow_ips")
@@ -271,11 +268,6 @@ class Settings(RigSettings):
                     f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
                 ) from None
         return value
-
-    @field_validator("session_secret", mode="before")
-    @classmethod
-    def _blank_secret(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("session_secret")
     @classmethod
@@ -328,11 +320,6 @@ class Settings(RigSettings):
         if isinstance(down, int) and value < down:
             raise ValueError(f"must be at least RIG_AGENT_DOWN_MS ({down})")
         return value
-
-    @field_validator("k8s_enabled", mode="before")
-    @classmethod
-    def _lower(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("streams")
     @classmethod
@@ -405,9 +392,25 @@ def _mask(name: str, value: object) -> object:
         return "<hidden>"
 
 
+def _long_enough(token: str) -> None:
+    if len(token) < TOKEN_MIN:
+        raise ValueError(
+            f"every token must be at least {TOKEN_MIN} characters (e.g. `openssl rand -hex 24`)"
+        )
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read the environment; raise SettingsError with one operator-readable line on bad input."""
     try:
         return Settings(**overrides)
     except ValidationError as exc:
         raise SettingsError(explain(exc, secret=_SECRET_FIELDS)) from None
+
+
+def settings_for(command: str) -> Settings | None:
+    """A command's settings; None once the bad one is named on stderr (the command exits 2)."""
+    try:
+        return load_settings()
+    except SettingsError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None

@@ -10,8 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from redis.connection import parse_url
 
 ENV_PREFIX = "RIG_"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -27,6 +35,20 @@ def comma_list(value: Any) -> Any:
 CommaList = Annotated[tuple[str, ...], NoDecode]
 
 
+def _unset_if_blank(value: Any) -> Any:
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+def _lowered(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+# `RIG_X=` (empty, or spaces only) means what leaving RIG_X out means: unset.
+BlankIsUnset = BeforeValidator(_unset_if_blank)
+# A choice is read whatever its case and surrounding spaces.
+AnyCase = BeforeValidator(_lowered)
+
+
 class RigSettings(BaseSettings):
     """What the conductor's and the agent runtime's settings share: the RIG_ prefix, an optional
     .env file, the Redis URL and the log format."""
@@ -40,7 +62,7 @@ class RigSettings(BaseSettings):
 
     # The Redis topology ("Redis topologies" in the contract). Fields are validated in the
     # order they are declared, so the later ones can check themselves against the earlier.
-    redis_mode: RedisMode = Field(
+    redis_mode: Annotated[RedisMode, AnyCase] = Field(
         default="standalone",
         description="`standalone`, `cluster` (Redis Cluster; the URL names any node) or `sentinel`",
     )
@@ -51,7 +73,7 @@ class RigSettings(BaseSettings):
             "with any ACL user and password"
         ),
     )
-    log_format: Literal["text", "json"] = Field(
+    log_format: Annotated[Literal["text", "json"], AnyCase] = Field(
         default="text",
         description="`text` or `json` (one object per line; `message` is the same sentence)",
     )
@@ -63,16 +85,16 @@ class RigSettings(BaseSettings):
     redis_sentinel_master: str = Field(
         description="sentinel mode: the monitored master's name", default="mymaster", min_length=1
     )
-    redis_sentinel_password: SecretStr | None = Field(
+    redis_sentinel_password: Annotated[SecretStr | None, BlankIsUnset] = Field(
         default=None, description="sentinel mode: the password the sentinels require, if any"
     )
-    redis_tls_ca_file: Path | None = Field(
+    redis_tls_ca_file: Annotated[Path | None, BlankIsUnset] = Field(
         default=None, description="CA bundle for `rediss://` URLs (and sentinels over TLS)"
     )
-    redis_tls_cert_file: Path | None = Field(
+    redis_tls_cert_file: Annotated[Path | None, BlankIsUnset] = Field(
         default=None, description="client certificate for TLS (with `RIG_REDIS_TLS_KEY_FILE`)"
     )
-    redis_tls_key_file: Path | None = Field(
+    redis_tls_key_file: Annotated[Path | None, BlankIsUnset] = Field(
         description="the client certificate's key (with `RIG_REDIS_TLS_CERT_FILE`)",
         default=None,
         validate_default=True,
@@ -89,11 +111,6 @@ class RigSettings(BaseSettings):
             if _url_db(value) != 0:
                 raise ValueError("cluster mode has database 0 only; remove the /<db> from the URL")
         return value
-
-    @field_validator("log_format", "redis_mode", mode="before")
-    @classmethod
-    def _lower_choice(cls, value: Any) -> Any:
-        return value.strip().lower() if isinstance(value, str) else value
 
     @field_validator("redis_sentinels", mode="before")
     @classmethod
@@ -117,18 +134,6 @@ class RigSettings(BaseSettings):
             raise ValueError("sentinel mode needs at least one host:port sentinel")
         return value
 
-    @field_validator("redis_sentinel_password", mode="before")
-    @classmethod
-    def _blank_password(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value else value
-
-    @field_validator(
-        "redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file", mode="before"
-    )
-    @classmethod
-    def _blank_path(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
-
     @field_validator("redis_tls_ca_file", "redis_tls_cert_file", "redis_tls_key_file")
     @classmethod
     def _readable_file(cls, value: Path | None) -> Path | None:
@@ -148,16 +153,12 @@ class RigSettings(BaseSettings):
 
 
 def _url_db(url: str) -> int:
-    """The database number a redis:// URL names: its path, else `?db=`, else 0."""
-    rest = url.partition("://")[2]
-    path, _, query = rest.partition("/")[2].partition("?")
-    if path.isdigit():
-        return int(path)
-    for pair in query.split("&"):
-        name, _, value = pair.partition("=")
-        if name == "db" and value.isdigit():
-            return int(value)
-    return 0
+    """The database number a redis:// URL names (its path, else `?db=`), as redis-py reads it."""
+    try:
+        parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise ValueError(f"is not a Redis URL redis-py can read: {exc}") from None
+    return int(parsed.get("db") or 0)
 
 
 class SettingsError(Exception):

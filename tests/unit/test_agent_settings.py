@@ -45,6 +45,34 @@ def test_defaults_are_the_contract() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "RIG_API_TOKEN",
+        "RIG_API_TOKEN_FILE",
+        "RIG_REDIS_SENTINEL_PASSWORD",
+        "RIG_REDIS_TLS_CA_FILE",
+        "RIG_REDIS_TLS_CERT_FILE",
+        "RIG_REDIS_TLS_KEY_FILE",
+    ],
+)
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_value_means_the_setting_is_unset(
+    monkeypatch: pytest.MonkeyPatch, name: str, blank: str
+) -> None:
+    # As a chart renders an optional value it was not given: `RIG_X=`. The Redis ones are the
+    # shared settings' (settings_base), which the agent's own blank rule must not shadow.
+    monkeypatch.setenv(name, blank)
+    assert load_agent_settings().describe()[name] is None
+
+
+def test_choices_are_read_whatever_their_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIG_LOG_FORMAT", " JSON ")
+    monkeypatch.setenv("RIG_REDIS_MODE", "Standalone")
+    settings = load_agent_settings()
+    assert (settings.log_format, settings.redis_mode) == ("json", "standalone")
+
+
 def test_values_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RIG_API_TOKEN", "s3cret")
     monkeypatch.setenv("RIG_HEARTBEAT_INTERVAL_S", "0.5")

@@ -6,13 +6,19 @@ Built once by the agent's CLI and passed down. Only what a worker pod needs: no 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 
 from rig_conductor.agent import token_file
-from rig_conductor.settings_base import ENV_PREFIX, RigSettings, SettingsError, explain
+from rig_conductor.settings_base import (
+    ENV_PREFIX,
+    BlankIsUnset,
+    RigSettings,
+    SettingsError,
+    explain,
+)
 
 # Never echoed back in an error or the start-up line: they may carry credentials.
 _SECRET_FIELDS = frozenset({"redis_url", "api_token", "redis_sentinel_password"})
@@ -24,10 +30,10 @@ class AgentSettings(RigSettings):
     conductor_url: str = Field(
         default="http://localhost:8080", description="the conductor's base URL"
     )
-    api_token: SecretStr | None = Field(
+    api_token: Annotated[SecretStr | None, BlankIsUnset] = Field(
         default=None, description="bearer token for the conductor's API, if it requires one"
     )
-    api_token_file: Path | None = Field(
+    api_token_file: Annotated[Path | None, BlankIsUnset] = Field(
         default=None,
         description=(
             "file holding the bearer token instead (e.g. a projected ServiceAccount token), "
@@ -77,16 +83,6 @@ class AgentSettings(RigSettings):
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError("must be an http:// or https:// URL with a host")
         return value.rstrip("/")
-
-    @field_validator("api_token", mode="before")
-    @classmethod
-    def _blank_token(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("api_token_file", mode="before")
-    @classmethod
-    def _blank_path(cls, value: Any) -> Any:
-        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_token_file")
     @classmethod

@@ -33,7 +33,7 @@ from rig_conductor.audit.session import (
     spark_session,
 )
 from rig_conductor.audit.stages import ms_since
-from rig_conductor.settings import Settings, SettingsError, load_settings
+from rig_conductor.settings import Settings, settings_for
 
 logger = logging.getLogger(__name__)
 
@@ -187,10 +187,8 @@ def run_from_environment(argv: Sequence[str] | None = None) -> int:
     )
     configure_parser(parser)
     args = parser.parse_args(argv)
-    try:
-        settings = load_settings()
-    except SettingsError as exc:
-        print(f"rig-conductor audit: {exc}", file=sys.stderr)
+    settings = settings_for("rig-conductor audit")
+    if settings is None:
         return EXIT_USAGE
     logs.configure(settings.log_format)
     return main(args, settings)
