@@ -21,6 +21,7 @@ from rig_conductor.effects import applier as effects
 from rig_conductor.metrics import Metrics
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import TargetCandidate
+from tests import reclaim_kit
 
 from .helpers import fill, owners, read, register
 
@@ -79,7 +80,7 @@ async def test_a_dry_run_writes_nothing_and_says_what_it_would_do(
     any_redis: Redis, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     ids, entries = await held_entries(any_redis)
-    plan = reclaim.plan_reclaims(assessment_of(), entries)
+    plan = reclaim_kit.plan_reclaims(assessment_of(), entries)
     keys, before = sorted(await any_redis.keys("*")), await pending_state(any_redis)
     metrics = Metrics()
     caplog.set_level(logging.INFO, logger=LOGGER)
@@ -114,7 +115,7 @@ async def test_a_real_run_moves_what_the_guard_lets_through_and_dead_letters_the
     any_redis: Redis, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
 ) -> None:
     ids, entries = await held_entries(any_redis)
-    plan = reclaim.plan_reclaims(assessment_of(), entries)
+    plan = reclaim_kit.plan_reclaims(assessment_of(), entries)
     assert [len(claim.entries) for claim in plan.claims] == [4]  # one XCLAIM, the least idle
     # The owner touches one entry after the plan was made: its idle time drops below the guard.
     await any_redis.xclaim(S, G, OWNER, 0, [ids[3]], justid=True)

@@ -33,7 +33,7 @@ from rig_conductor.effects import applier as effects
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
 from rig_conductor.reaper import moves
-from tests import redis_kit
+from tests import reclaim_kit, redis_kit
 
 from .helpers import fill, owners, read, register
 
@@ -92,7 +92,7 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             group=G,
             min_idle_ms=dict.fromkeys(assessment.rules, 0),
         )
-        expected = reclaim.plan_reclaims(assessment, entries)
+        expected = reclaim_kit.plan_reclaims(assessment, entries)
         collecting: set[bool] = set()  # whether the cycle collector ran during the moves
 
         def timing(phase: str, collecting: set[bool] = collecting) -> AbstractContextManager[None]:

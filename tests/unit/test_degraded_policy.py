@@ -22,6 +22,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
+from tests import reclaim_kit
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 GRACE_S = 300
@@ -59,7 +60,7 @@ def plan(
         3,
         (ConsumerInfo(ConsumerName(CODEX), 3, 10), ConsumerInfo(ConsumerName(CLAUDE), 0, 10)),
     )
-    return reclaim.plan_reclaims(reclaim.assess_group(group, Fleet(evidence, limits)), entries)
+    return reclaim_kit.plan_reclaims(reclaim.assess_group(group, Fleet(evidence, limits)), entries)
 
 
 def outcome(p: reclaim.ReclaimPlan) -> str:

@@ -36,6 +36,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
+from tests import reclaim_kit
 
 START = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 STREAM, GROUP = StreamKey("rig:dispatch"), GroupName("workers")
@@ -101,7 +102,7 @@ class World:
         )
         group = GroupInfo(STREAM, GROUP, len(pending), consumers)
         assessment = reclaim.assess_group(group, Fleet(self.evidence(), LIMITS))
-        for move in reclaim.plan_reclaims(assessment, pending).moves:
+        for move in reclaim_kit.plan_reclaims(assessment, pending).moves:
             entry, owner = move.entry.id, move.entry.consumer
             assert move.to not in self.left.get(entry, set()), (
                 f"{entry} moved back to {move.to}, which it had left as {move.reason}"

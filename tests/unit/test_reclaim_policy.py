@@ -24,6 +24,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import DownReason, Fleet, judge_owner
+from tests import reclaim_kit
 
 NOW = datetime(2026, 5, 16, 12, 0, tzinfo=UTC)
 LIMITS = Limits(entry_stale_ms=300_000, agent_down_ms=600_000, max_deliveries=5)
@@ -77,7 +78,7 @@ class Scene:
             ),
         )
         assessment = reclaim.assess_group(group, Fleet(self.evidence(), self.limits))
-        return reclaim.plan_reclaims(assessment, pending)
+        return reclaim_kit.plan_reclaims(assessment, pending)
 
 
 def outcome(plan: reclaim.ReclaimPlan) -> str:
@@ -240,8 +241,8 @@ def test_min_idle_follows_pod_evidence() -> None:
         pods={"a-1": PodState.GONE},
     )
     assessment = scene.plan(("a-0", STALE_MS, 1), ("a-1", 5, 1)).assessment
-    assert assessment.min_idle_ms(ConsumerName("a-0"), LIMITS) == LIMITS.entry_stale_ms
-    assert assessment.min_idle_ms(ConsumerName("a-1"), LIMITS) == 0
+    assert assessment.rules[ConsumerName("a-0")].min_idle_ms == LIMITS.entry_stale_ms
+    assert assessment.rules[ConsumerName("a-1")].min_idle_ms == 0
 
 
 @pytest.mark.parametrize(
@@ -321,7 +322,7 @@ def test_dead_letter_uses_the_truer_count(
     )
     recorded = {EntryId("1-0"): attempts} if attempts is not None else {}
     assessment = reclaim.assess_group(group, Fleet(scene.evidence(), LIMITS), attempts=recorded)
-    plan = reclaim.plan_reclaims(assessment, pending)
+    plan = reclaim_kit.plan_reclaims(assessment, pending)
     assert outcome(plan) == expected
     if count is not None:
         assert plan.dead_letters[0].deliveries == count

@@ -31,6 +31,7 @@ from rig_conductor.domain import (
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.agents import resolve_agent
 from rig_conductor.policy.liveness import Fleet, is_fresh, judge_owner
+from tests import reclaim_kit
 
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 SceneT = tuple[GroupInfo, list[PendingEntry], Evidence, Limits]
@@ -97,7 +98,7 @@ def plan_for(
     scene: tuple[GroupInfo, list[PendingEntry], Evidence, Limits],
 ) -> reclaim.ReclaimPlan:
     group, entries, evidence, limits = scene
-    return reclaim.plan_reclaims(reclaim.assess_group(group, Fleet(evidence, limits)), entries)
+    return reclaim_kit.plan_reclaims(reclaim.assess_group(group, Fleet(evidence, limits)), entries)
 
 
 def acting(scene: SceneT, consumer: str) -> bool:

@@ -23,6 +23,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet
+from tests import reclaim_kit
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DEADLINE_MS = 60_000
@@ -57,7 +58,7 @@ def plan(
     )
     progress = Progress(frozenset(EntryId(e) for e in fresh), frozenset(EntryId(e) for e in stale))
     assessment = reclaim.assess_group(group, Fleet(evidence, limits), progress=progress)
-    return reclaim.plan_reclaims(assessment, entries)
+    return reclaim_kit.plan_reclaims(assessment, entries)
 
 
 def outcome(p: reclaim.ReclaimPlan) -> str:

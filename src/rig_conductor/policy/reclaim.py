@@ -11,9 +11,8 @@ Pure: stdlib and domain only. Three parts:
 
 `plan_pages` applies all three to pending entries, owner by owner, and cuts the moves into
 claims: the reaper calls it on the pages of the owners' pending lists it reads, with one
-`Spread` for the whole scan of the group. `plan_reclaims` does the same for entries of any
-owners in any order (the tests' whole lists). `plan_by_hand` is an operator's move: the same
-owner rules, one chosen target.
+`Spread` for the whole scan of the group. `plan_by_hand` is an operator's move: the same owner
+rules, one chosen target.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from rig_conductor.domain import (
     EntryId,
     GroupInfo,
     GroupName,
-    Limits,
     PendingEntry,
     Progress,
     StreamKey,
@@ -111,10 +109,6 @@ class OwnerRule:
         pending list is read with (every entry when some are due whatever their idle time)."""
         return 0 if self.due else self.min_idle_ms
 
-    def deliveries(self, entry: PendingEntry) -> int:
-        """The truer of the two counts: Redis deliveries and recorded attempts."""
-        return max(entry.deliveries, self.worn.get(entry.id, 0))
-
 
 @dataclass(frozen=True, slots=True)
 class GroupAssessment:
@@ -132,14 +126,6 @@ class GroupAssessment:
     def down(self) -> dict[ConsumerName, OwnerRule]:
         """The rules of owners that are down by rule 3."""
         return {c: r for c, r in self.rules.items() if r.reason in ("pod-gone", "down")}
-
-    @property
-    def target(self) -> TargetCandidate | None:
-        """The best-ranked target: where a single entry of a down owner would go first."""
-        return self.targets[0] if self.targets else None
-
-    def min_idle_ms(self, consumer: ConsumerName, limits: Limits) -> int:
-        return self.rules[consumer].min_idle_ms
 
     def spread(self) -> Spread:
         return Spread(self.targets)
@@ -273,9 +259,6 @@ class Spread:
         self._targets = list(targets)  # best rank first
         self._load = {t.consumer: t.pending for t in targets}
 
-    def load(self, consumer: ConsumerName) -> int:
-        return self._load[consumer]
-
     def pool(self, owner: ConsumerName, *, healthy_only: bool) -> list[TargetCandidate]:
         others = [t for t in self._targets if t.consumer != owner]
         healthy = [t for t in others if not t.degraded]
@@ -351,12 +334,6 @@ class Spread:
         return stretches
 
 
-class Move(NamedTuple):
-    entry: PendingEntry
-    to: ConsumerName
-    reason: Reason
-
-
 _IDLE_MS = operator.attrgetter("idle_ms")
 
 
@@ -385,34 +362,6 @@ class ReclaimPlan:
     dead_letters: tuple[PendingEntry, ...]
     # Qualifying, but no target could take them: left in place.
     no_target: tuple[PendingEntry, ...]
-
-    @property
-    def moves(self) -> tuple[Move, ...]:
-        """The claims entry by entry, in order."""
-        return tuple(
-            Move(entry, claim.target, self.assessment.rules[claim.owner].reason)
-            for claim in self.claims
-            for entry in claim.entries
-        )
-
-    @property
-    def empty(self) -> bool:
-        return not (self.claims or self.dead_letters or self.no_target)
-
-
-def plan_reclaims(
-    assessment: GroupAssessment,
-    entries: Iterable[PendingEntry],
-    *,
-    spread: Spread | None = None,
-) -> ReclaimPlan:
-    """`plan_pages` for `entries` of any owners, in any order."""
-    by_owner: dict[ConsumerName, list[PendingEntry]] = {owner: [] for owner in assessment.rules}
-    for entry in entries:
-        found = by_owner.get(entry.consumer)
-        if found is not None:
-            found.append(entry)
-    return plan_pages(assessment, by_owner, spread=spread)
 
 
 def plan_pages(
