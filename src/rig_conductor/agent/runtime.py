@@ -94,6 +94,7 @@ class Agent:
         )
         self._lease_lost = False
         self._joined = False
+        self._next_scan = 0.0  # monotonic time our own pending list is next read
         self._conductor_down = False
         # The heartbeat loop's own end. Cancelling it is not enough: a cancellation that lands
         # as a heartbeat's deadline passes can be swallowed beneath it (a deadline's own cancel
@@ -222,44 +223,47 @@ class Agent:
         await self._conductor.heartbeat(degraded=bool(self._degraded), reasons=self._degraded)
 
     async def _consume(self) -> None:
-        """Own pending list at start and every RIG_SCAN_INTERVAL_S; new entries in between."""
-        next_scan = 0.0
-        failures = 0
+        """Own pending list at start and every RIG_SCAN_INTERVAL_S; new entries in between. A
+        Redis error is retried with the agent's backoff (`retry`); a stop ends the loop."""
         while not self.stop.is_set():
-            try:
-                if self._conductor_down:
-                    await self._await_conductor()
-                    next_scan = 0.0  # the entries left pending meanwhile come first
-                    continue
-                if self._paused_until > time.monotonic():
-                    # Self-fenced: read nothing at all, not even our own pending entries.
-                    await pause(self._paused_until - time.monotonic(), self.stop)
-                    next_scan = 0.0  # then our own pending entries first
-                    continue
-                if not self._joined:
-                    await self._rejoin_group()
-                if time.monotonic() >= next_scan:
-                    await self._read_pending()
-                    next_scan = time.monotonic() + self.settings.scan_interval_s
-                    continue
-                until_scan_ms = int((next_scan - time.monotonic()) * 1000)
+            # `retry` raises only a failure begun after the stop: nothing is left to read then.
+            with contextlib.suppress(RedisError):
+                await retry(
+                    self._read_step, retry_on=RedisError, log=self._read_failed, stop=self.stop
+                )
+
+    async def _read_step(self) -> None:
+        """One step of the read loop: wait out the conductor or a self-fence, rejoin a lost
+        group, read our own pending list when due, else new entries until it is."""
+        if self._conductor_down:
+            await self._await_conductor()
+            self._next_scan = 0.0  # the entries left pending meanwhile come first
+        elif self._paused_until > time.monotonic():
+            # Self-fenced: read nothing at all, not even our own pending entries.
+            await pause(self._paused_until - time.monotonic(), self.stop)
+            self._next_scan = 0.0  # then our own pending entries first
+        else:
+            if not self._joined:
+                await self._rejoin_group()
+            if time.monotonic() >= self._next_scan:
+                await self._read_pending()
+                self._next_scan = time.monotonic() + self.settings.scan_interval_s
+            else:
+                until_scan_ms = int((self._next_scan - time.monotonic()) * 1000)
                 await self._read_new(max(1, min(self._block_ms, until_scan_ms)))
-                failures = 0
-            except RedisError as exc:
-                failures += 1
-                delay = backoff(failures)
-                if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
-                    self._joined = False
-                    logger.warning(
-                        "Group %s of %s is gone (Redis lost its data: restarted empty, flushed, "
-                        "or failed over to an empty replica); creating it again from 0 in %.1fs",
-                        self.group,
-                        self.stream,
-                        delay,
-                    )
-                else:
-                    logger.warning("Redis error while reading: %s; retrying in %.1fs", exc, delay)
-                await pause(delay, self.stop)
+
+    def _read_failed(self, exc: Exception, delay: float) -> None:
+        if isinstance(exc, ResponseError) and str(exc).startswith("NOGROUP"):
+            self._joined = False
+            logger.warning(
+                "Group %s of %s is gone (Redis lost its data: restarted empty, flushed, "
+                "or failed over to an empty replica); creating it again from 0 in %.1fs",
+                self.group,
+                self.stream,
+                delay,
+            )
+        else:
+            logger.warning("Redis error while reading: %s; retrying in %.1fs", exc, delay)
 
     async def _read_pending(self) -> None:
         """This consumer's pending entries, reclaimed ones included, one at a time.
