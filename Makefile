@@ -43,7 +43,7 @@ test-servers: install
 
 ## Flake hunt: the end-to-end and topology tiers RUNS times in a row (default 10), every failure listed.
 flake: install
-	scripts/flake.sh $(RUNS)
+	WORKERS=$(WORKERS) scripts/flake.sh $(RUNS)
 
 lint: install
 	$(BIN)/ruff check src tests bench migrations scripts

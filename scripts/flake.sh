@@ -6,7 +6,9 @@
 #   scripts/flake.sh [RUNS] [pytest args...]      (make flake RUNS=10)
 #
 # The servers are whatever the suite would use: the embedded ones unless RIG_TEST_REDIS_URL and
-# RIG_TEST_DATABASE_URL name others. Reports land in .artifacts/flake/round-N.xml.
+# RIG_TEST_DATABASE_URL name others. Each round shares its tests among WORKERS pytest-xdist
+# workers (default 3, as `make test` does), so they run as loaded as in CI. Reports land in
+# .artifacts/flake/round-N.xml.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,8 +23,8 @@ mkdir -p "$out"
 failed_rounds=0
 for round in $(seq 1 "$runs"); do
   started=$SECONDS
-  .venv/bin/python -m pytest -q -p no:cacheprovider --junitxml="$out/round-$round.xml" \
-    "${targets[@]}" >"$out/round-$round.log" 2>&1
+  .venv/bin/python -m pytest -q -p no:cacheprovider -n "${WORKERS:-3}" \
+    --junitxml="$out/round-$round.xml" "${targets[@]}" >"$out/round-$round.log" 2>&1
   code=$?
   tail -n 1 "$out/round-$round.log" | sed "s/^/round $round ($((SECONDS - started)) s): /"
   if ((code != 0)); then
