@@ -247,17 +247,25 @@ def test_a_stderr_that_takes_nothing_is_given_up_on(monkeypatch: pytest.MonkeyPa
 
     class Stuck(io.StringIO):
         def write(self, text: str) -> int:
-            stuck.wait(30)  # a full pipe nobody reads
+            stuck.wait()  # a full pipe nobody reads, until the test ends
             return 0
 
     monkeypatch.setattr(logs, "STALL_S", 0.3)
     monkeypatch.setattr(sys, "stderr", Stuck())
     writer = logs._WriterThread(logging.Formatter("%(message)s"))
     record = logging.LogRecord("t", logging.INFO, "", 0, "line", None, None)
-    started = time.monotonic()
-    put = [writer.put(record) for _ in range(logs.QUEUE_RECORDS + 5)]
-    assert put[: logs.QUEUE_RECORDS] == [True] * logs.QUEUE_RECORDS
-    assert put[-1] is False  # dropped once stderr took nothing for STALL_S
-    assert time.monotonic() - started < 5
-    stuck.set()
-    writer.stop()
+    put: list[bool] = []
+    putting = threading.Thread(
+        target=lambda: put.extend(writer.put(record) for _ in range(logs.QUEUE_RECORDS + 5))
+    )
+    putting.start()
+    putting.join(timeout=30)
+    try:
+        # Every put returned while stderr still took nothing: none waited for it.
+        assert not putting.is_alive() and not stuck.is_set()
+        assert put[: logs.QUEUE_RECORDS] == [True] * logs.QUEUE_RECORDS
+        assert put[-1] is False  # dropped once stderr took nothing for STALL_S
+    finally:
+        stuck.set()
+        putting.join()
+        writer.stop()

@@ -133,9 +133,10 @@ async def apply_to_matching(
     while True:
         page, cursor = await find(rt, stream=stream, where=where, before=cursor, count=BATCH)
         ids = [letter.dlq_id for letter in page]
-        done += await _act(
-            rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=True
-        )
+        if ids:  # the page after a full last one comes back empty
+            done += await _act(
+                rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=True
+            )
         if cursor is None:
             return done
 
