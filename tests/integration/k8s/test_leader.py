@@ -35,11 +35,15 @@ LEASE = "rig-conductor-reaper"
 
 
 class Changes:
+    """What an elector told its replica, and when (wall time, to compare with a lease's)."""
+
     def __init__(self) -> None:
         self.seen: list[bool] = []
+        self.at: list[datetime] = []
 
     async def __call__(self, leading: bool) -> None:
         self.seen.append(leading)
+        self.at.append(datetime.now(UTC))
 
 
 @pytest.fixture
@@ -188,7 +192,9 @@ async def test_one_failed_renewal_does_not_cost_the_leadership(
 async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_runs_out(
     kube: KubeStandIn, api: client.ApiClient, electors: list[Elector]
 ) -> None:
-    a, b = lease_elector(api, "conductor-a_1"), lease_elector(api, "conductor-b_1")
+    changes = Changes()
+    a = lease_elector(api, "conductor-a_1", on_change=changes)
+    b = lease_elector(api, "conductor-b_1")
     electors += [a, b]
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
@@ -196,10 +202,14 @@ async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_runs_out(
     await asyncio.sleep(0.2)
 
     kube.inject(Fault("lease-update", status=500, times=None))  # nobody can write any more
-    broke = time.monotonic()
     await wait_for(lambda: not a.is_leader, within=DURATION_S)
-    stepped_down = time.monotonic() - broke
-    assert stepped_down <= a.deadline_s + 0.1 < DURATION_S
+    assert changes.seen == [True, False]
+    # It told its replica to stop reaping while its last renewal (stamped by the API) still
+    # held the Lease: nobody else could have been leading yet.
+    lease = kube.lease(LEASE)
+    assert lease is not None and lease["spec"]["holderIdentity"] == a.identity
+    ran_out = datetime.fromisoformat(lease["spec"]["renewTime"]) + timedelta(seconds=DURATION_S)
+    assert changes.at[-1] < ran_out
     assert not b.is_leader  # b could not write either
 
     kube.clear_faults()
@@ -384,7 +394,9 @@ async def test_a_lost_connection_does_not_cost_the_lease_row_leadership(
 async def test_a_lease_row_leader_that_cannot_renew_steps_down_before_its_lease_runs_out(
     engine: AsyncEngine, database_url: str, electors: list[Elector]
 ) -> None:
-    a, b = row_elector(database_url, "conductor-a_1"), row_elector(database_url, "conductor-b_1")
+    changes = Changes()
+    a = row_elector(database_url, "conductor-a_1", on_change=changes)
+    b = row_elector(database_url, "conductor-b_1")
     electors += [a, b]
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
@@ -394,10 +406,11 @@ async def test_a_lease_row_leader_that_cannot_renew_steps_down_before_its_lease_
     # Another session locks the table: every attempt of both hangs until it times out.
     async with engine.connect() as blocker:
         await blocker.execute(text("LOCK TABLE reaper_lease IN ACCESS EXCLUSIVE MODE"))
-        broke = time.monotonic()
+        held = (await blocker.execute(text("SELECT holder, expires_at FROM reaper_lease"))).one()
         await wait_for(lambda: not a.is_leader, within=ROW_DURATION_S)
-        stepped_down = time.monotonic() - broke
-        assert stepped_down <= a.deadline_s + 0.1 < ROW_DURATION_S
+        assert changes.seen == [True, False]
+        # It stopped reaping before its last renewal (PostgreSQL's stamp) ran out.
+        assert held.holder == a.identity and changes.at[-1] < held.expires_at
         assert not b.is_leader  # b could not write either
         await blocker.rollback()
     await wait_for(lambda: a.is_leader or b.is_leader, within=ROW_DURATION_S + 2)
