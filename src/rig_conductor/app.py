@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from kubernetes.client import ApiClient
 
-from rig_conductor import __version__, console
+from rig_conductor import __version__, console, roles
 from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
@@ -48,57 +48,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = redis_client.connect(settings)
-        topology = redis_client.Topology(redis, settings)
-        engine = pg.create_engine(settings.sqlalchemy_url)
-        heartbeats = HeartbeatWriter(
-            settings.sqlalchemy_url,
-            tenant=settings.tenant,
-            replica=leader.replica_identity(),
-            slack_ms=settings.limits.listen_slack_ms,
-            break_ms=settings.agent_down_ms,
-            on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
-            on_spell_end=lambda spell: metrics.blind_spells.inc(
-                (spell.end - spell.start).total_seconds()
-            ),
-        )
-        pods = PodEvidence(settings, kube, engine) if kube is not None else None
-        elector = (
-            leader.make_elector(
-                settings=settings, api=kube, on_change=pods.follow if pods else None
-            )
-            if schedule_reaper
-            else None
-        )
-        reaper = ReaperService(
-            redis=topology,
-            engine=engine,
-            settings=settings,
-            metrics=metrics,
-            pods=pods.liveness if pods else None,
-            tracker=pods.tracker if pods else None,
-            elector=elector,
-        )
-        if pods is not None:
-            pods.on_gone = reaper.on_pod_gone
-        app.state.runtime = Runtime(
-            settings,
-            redis,
-            engine,
-            heartbeats,
-            reaper.scan_now,
-            metrics,
-            schema_head=pg.SCHEMA_HEAD,
-            measure=reaper.measure,
-            topology=topology,
-            tokens=tokens,
-            pods=pods.tracker.states if pods else None,
-        )
-        heartbeats.start()
-        if elector is not None:
-            await elector.start()
-        if schedule_reaper:
-            reaper.start()
+        parts = _Parts(settings, metrics, kube=kube, schedule_reaper=schedule_reaper)
+        app.state.runtime = parts.runtime(tokens)
+        await parts.start()
         if tokens.open:
             logger.warning(
                 "RIG_ALLOW_ANONYMOUS: no token of any role is set: the /api routes and the "
@@ -107,20 +59,7 @@ def create_app(
         try:
             yield
         finally:
-            # The server takes no more requests once its shutdown reaches here, so this
-            # replica stops marking itself as listening first: a scan still running may take
-            # seconds to finish, and that time must count as blind (reaper rule 3), not as
-            # time in which the agents' heartbeats could have landed.
-            await heartbeats.stop()
-            if pods is not None:
-                await pods.follow(False)
-            await reaper.stop()
-            if elector is not None:
-                await elector.stop()  # hands leadership over at once
-            await topology.aclose()
-            await redis.aclose()
-            await engine.dispose()
-            logger.info("Shut down cleanly")
+            await parts.stop()
 
     app = FastAPI(
         title="rig-conductor",
@@ -142,3 +81,87 @@ def create_app(
     app.include_router(health.router)
     console.install(app, tokens=tokens)
     return app
+
+
+class _Parts:
+    """What the app's lifespan owns: built and wired here, started and stopped in order."""
+
+    def __init__(
+        self, settings: Settings, metrics: Metrics, *, kube: ApiClient | None, schedule_reaper: bool
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.schedule_reaper = schedule_reaper
+        self.redis = redis_client.connect(settings)
+        self.topology = redis_client.Topology(self.redis, settings)
+        self.engine = pg.create_engine(settings.sqlalchemy_url)
+        self.heartbeats = HeartbeatWriter(
+            settings.sqlalchemy_url,
+            tenant=settings.tenant,
+            replica=leader.replica_identity(),
+            slack_ms=settings.limits.listen_slack_ms,
+            break_ms=settings.agent_down_ms,
+            on_commit=lambda batch: metrics.heartbeats_stored([hb.agent_id for hb in batch]),
+            on_spell_end=lambda spell: metrics.blind_spells.inc(
+                (spell.end - spell.start).total_seconds()
+            ),
+        )
+        pods = PodEvidence(settings, kube, self.engine) if kube is not None else None
+        self.pods = pods
+        self.elector = (
+            leader.make_elector(
+                settings=settings, api=kube, on_change=pods.follow if pods else None
+            )
+            if schedule_reaper
+            else None
+        )
+        self.reaper = ReaperService(
+            redis=self.topology,
+            engine=self.engine,
+            settings=settings,
+            metrics=metrics,
+            pods=pods.liveness if pods else None,
+            tracker=pods.tracker if pods else None,
+            elector=self.elector,
+        )
+        if pods is not None:
+            pods.on_gone = self.reaper.on_pod_gone
+
+    def runtime(self, tokens: roles.Tokens) -> Runtime:
+        """What the routes and the console reach through `app.state.runtime`."""
+        return Runtime(
+            self.settings,
+            self.redis,
+            self.engine,
+            self.heartbeats,
+            self.reaper.scan_now,
+            self.metrics,
+            schema_head=pg.SCHEMA_HEAD,
+            measure=self.reaper.measure,
+            topology=self.topology,
+            tokens=tokens,
+            pods=self.pods.tracker.states if self.pods else None,
+        )
+
+    async def start(self) -> None:
+        self.heartbeats.start()
+        if self.elector is not None:
+            await self.elector.start()
+        if self.schedule_reaper:
+            self.reaper.start()
+
+    async def stop(self) -> None:
+        # The server takes no more requests once its shutdown reaches here, so this replica
+        # stops marking itself as listening first: a scan still running may take seconds to
+        # finish, and that time must count as blind (reaper rule 3), not as time in which the
+        # agents' heartbeats could have landed.
+        await self.heartbeats.stop()
+        if self.pods is not None:
+            await self.pods.follow(False)
+        await self.reaper.stop()
+        if self.elector is not None:
+            await self.elector.stop()  # hands leadership over at once
+        await self.topology.aclose()
+        await self.redis.aclose()
+        await self.engine.dispose()
+        logger.info("Shut down cleanly")
