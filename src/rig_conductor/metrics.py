@@ -23,7 +23,31 @@ SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        r = self.registry
+        self._reaper_families(self.registry)
+        self._fleet_families(self.registry)
+        self._audit_families(self.registry)
+        for outcome in ("ok", "error"):
+            self.scans.labels(outcome)
+        self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
+        # When this replica last heard of each agent (epoch seconds): a heartbeat it stored,
+        # or the last heartbeat a scan read. `forget_silent` goes by it.
+        self._heard: dict[str, float] = {}
+        # The agents the last scan found in the registry (`registry_read`).
+        self._registry: set[str] = set()
+        # The families labelled by agent: their label names, and which of them name agents.
+        self._by_agent: tuple[tuple[Counter | Gauge, tuple[str, ...], tuple[str, ...]], ...] = (
+            (self.heartbeat_age, ("agent",), ("agent",)),
+            (self.agent_up, ("agent",), ("agent",)),
+            (self.pending, ("stream", "group", "agent"), ("agent",)),
+            (
+                self.reclaimed,
+                ("stream", "group", "from_agent", "to_agent", "reason"),
+                ("from_agent", "to_agent"),
+            ),
+        )
+
+    def _reaper_families(self, r: CollectorRegistry) -> None:
+        """What the scans do and find: moves, dead letters, scans, pending entries."""
         self.reclaimed = Counter(
             "rig_reclaimed_entries",
             "Pending entries moved from a down, degraded or stalled owner to a live consumer",
@@ -67,6 +91,10 @@ class Metrics:
             ["stream", "group"],
             registry=r,
         )
+
+    def _fleet_families(self, r: CollectorRegistry) -> None:
+        """The agents, their heartbeats and dispatches, and the conductor's own blind spells
+        and Redis data losses."""
         self.heartbeat_age = Gauge(
             "rig_agent_heartbeat_age_seconds",
             "Seconds since the agent's last heartbeat",
@@ -117,7 +145,9 @@ class Metrics:
             ["stream"],
             registry=r,
         )
-        # The last finished audit's verdict (rig-conductor audit records it in PostgreSQL).
+
+    def _audit_families(self, r: CollectorRegistry) -> None:
+        """The last finished audit's verdict (rig-conductor audit records it in PostgreSQL)."""
         self.audit_lost = Gauge(
             "rig_audit_lost_entries",
             "Entries the last audit found lost (dispatched, never done, no longer pending)",
@@ -132,25 +162,6 @@ class Metrics:
             "rig_audit_last_finished_timestamp_seconds",
             "When the last audit finished (0: no audit has finished yet)",
             registry=r,
-        )
-        for outcome in ("ok", "error"):
-            self.scans.labels(outcome)
-        self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
-        # When this replica last heard of each agent (epoch seconds): a heartbeat it stored,
-        # or the last heartbeat a scan read. `forget_silent` goes by it.
-        self._heard: dict[str, float] = {}
-        # The agents the last scan found in the registry (`registry_read`).
-        self._registry: set[str] = set()
-        # The families labelled by agent: their label names, and which of them name agents.
-        self._by_agent: tuple[tuple[Counter | Gauge, tuple[str, ...], tuple[str, ...]], ...] = (
-            (self.heartbeat_age, ("agent",), ("agent",)),
-            (self.agent_up, ("agent",), ("agent",)),
-            (self.pending, ("stream", "group", "agent"), ("agent",)),
-            (
-                self.reclaimed,
-                ("stream", "group", "from_agent", "to_agent", "reason"),
-                ("from_agent", "to_agent"),
-            ),
         )
 
     def heartbeats_stored(self, agents: Sequence[str], *, at: float | None = None) -> None:
