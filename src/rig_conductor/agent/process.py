@@ -9,6 +9,7 @@ import signal
 from collections.abc import Iterator
 
 from rig_conductor.adapters import redis_access, redis_client
+from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.entry import Handler, consumer_name
 from rig_conductor.agent.runtime import BLOCK_MS, SHUTDOWN_GRACE_S, Agent
@@ -41,17 +42,7 @@ async def run_agent(
     settings = settings or load_agent_settings()
     name = consumer or consumer_name(agent_id)
     token_file = TokenFile(settings.api_token_file) if settings.api_token_file else None
-    redis = redis_client.connect(settings)
-    try:
-        missing = await redis_access.missing_permission(
-            redis, role="agent", streams=[stream or settings.dispatch_stream]
-        )
-    except BaseException:
-        await redis.aclose()
-        raise
-    if missing is not None:
-        await redis.aclose()
-        raise MissingPermission(missing)
+    redis = await _redis_allowed(settings, stream or settings.dispatch_stream)
     conductor = ConductorClient(
         base_url=settings.conductor_url,
         agent_id=agent_id,
@@ -85,6 +76,20 @@ async def run_agent(
 
 class MissingPermission(Exception):
     """The Redis user may not run a command the agent needs (one line naming it)."""
+
+
+async def _redis_allowed(settings: AgentSettings, stream: str) -> AnyRedis:
+    """A Redis client whose user may run every command the agent needs on `stream`."""
+    redis = redis_client.connect(settings)
+    try:
+        missing = await redis_access.missing_permission(redis, role="agent", streams=[stream])
+    except BaseException:
+        await redis.aclose()
+        raise
+    if missing is not None:
+        await redis.aclose()
+        raise MissingPermission(missing)
+    return redis
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -69,7 +69,6 @@ async def reap_once(
     with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
     """
     started = time.perf_counter()
-    limits = settings.limits
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
     topology = redis if isinstance(redis, Topology) else Topology(redis)
     with report.timing("redispatch"):
@@ -92,19 +91,13 @@ async def reap_once(
             engine,
             tenant=settings.tenant,
             configured_agents=settings.agent_ids,
-            down_ms=limits.agent_down_ms,
+            down_ms=settings.agent_down_ms,
             pods=pods,
             pods_listed=pods_listed,
             read_at=read_at,
             consumers=holders,
         )
-        work_evidence = await work.load_work_evidence(
-            engine,
-            tenant=settings.tenant,
-            streams=world.streams,
-            worn_at=limits.max_deliveries,
-            deadline_ms=limits.entry_deadline_ms,
-        )
+        work_evidence = await _work_evidence(engine, settings, world.streams)
     scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics, holders)
     await scan.every_node(world)  # plan and apply
     await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
@@ -112,6 +105,20 @@ async def reap_once(
     if not isinstance(redis, Topology):
         await topology.aclose()
     return report
+
+
+async def _work_evidence(
+    engine: AsyncEngine, settings: Settings, streams: Sequence[StreamKey]
+) -> work.WorkEvidence:
+    """The recorded attempts and progress of the entries of `streams` (rules 4b and 7)."""
+    limits = settings.limits
+    return await work.load_work_evidence(
+        engine,
+        tenant=settings.tenant,
+        streams=streams,
+        worn_at=limits.max_deliveries,
+        deadline_ms=limits.entry_deadline_ms,
+    )
 
 
 async def _redispatch(

@@ -193,6 +193,23 @@ async def _recover_dispatch(
             dispatch.stream,
         )
         return
+    await _fence_and_append(
+        client, dispatch, action, marker, tally, engine=engine, settings=settings
+    )
+
+
+async def _fence_and_append(
+    client: AnyRedis,
+    dispatch: dispatches.RecentDispatch,
+    action: redis_loss.Dispatch,
+    marker: str | None,
+    tally: _Tally,
+    *,
+    engine: AsyncEngine,
+    settings: Settings,
+) -> None:
+    """Fence the lost entry's attempt, then append the dispatch again (or follow the entry a
+    retry of the dispatch appended already) and record where it lives now."""
     # Fenced before the append: a holder that completes the lost entry from now on is
     # answered 409. One that completed it first has finished it: nothing is appended then.
     fence = await dispatches.supersede(engine, tenant=settings.tenant, dispatch=dispatch)
@@ -224,6 +241,12 @@ async def _recover_dispatch(
         tally.elsewhere += 1
         return
     tally.appended += 1
+    _log_appended(dispatch, entry_id, appended=appended, fence=fence)
+
+
+def _log_appended(
+    dispatch: dispatches.RecentDispatch, entry_id: str, *, appended: bool, fence: dispatches.Fence
+) -> None:
     held = (
         f"; the attempt {fence.consumer} held is fenced off"
         if fence.consumer and fence.state in ("running", "pending")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
@@ -53,7 +54,6 @@ async def redispatch_lost(
     by_node: dict[str, list[dispatches.RecentDispatch]] = {}
     for item in recent:
         by_node.setdefault(topology.owner(item.stream), []).append(item)
-    remember_s = settings.event_retention_days * 86_400
     count = 0
     for items in by_node.values():
         node = await node_for(topology, items[0].stream)
@@ -71,29 +71,39 @@ async def redispatch_lost(
                     item.stream,
                 )
                 count += 1
-                continue
-            entry_id, appended = await redis_streams.append_once(
-                node.client,
-                stream=StreamKey(item.stream),
-                key=item.key,
-                fields=item.fields,
-                remember_s=remember_s,
-            )
-            if not appended:
-                continue
-            await dispatches.reappended(
-                engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id
-            )
-            count += 1
-            if metrics is not None:
-                metrics.redispatched.labels(item.stream, REASON).inc()
-            logger.warning(
-                "Dispatch %s was missing from %s (entry %s, lost with a failover or a restart "
-                "of Redis); appended again as %s",
-                item.issue_id,
-                item.stream,
-                item.entry_id,
-                entry_id,
-                extra={"issueId": item.issue_id, "stream": item.stream, "entryId": entry_id},
-            )
+            elif await _append_again(node.client, item, engine, settings, metrics):
+                count += 1
     return count
+
+
+async def _append_again(
+    redis: Redis,
+    item: dispatches.RecentDispatch,
+    engine: AsyncEngine,
+    settings: Settings,
+    metrics: Metrics | None,
+) -> bool:
+    """Append a lost dispatch once more (once per key, whoever else tries) and record where it
+    lives now; False when another conductor appended it first."""
+    entry_id, appended = await redis_streams.append_once(
+        redis,
+        stream=StreamKey(item.stream),
+        key=item.key,
+        fields=item.fields,
+        remember_s=settings.event_retention_days * 86_400,
+    )
+    if not appended:
+        return False
+    await dispatches.reappended(engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
+    if metrics is not None:
+        metrics.redispatched.labels(item.stream, REASON).inc()
+    logger.warning(
+        "Dispatch %s was missing from %s (entry %s, lost with a failover or a restart "
+        "of Redis); appended again as %s",
+        item.issue_id,
+        item.stream,
+        item.entry_id,
+        entry_id,
+        extra={"issueId": item.issue_id, "stream": item.stream, "entryId": entry_id},
+    )
+    return True
