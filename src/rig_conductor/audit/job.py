@@ -55,8 +55,6 @@ def run(
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> dict[str, Any]:
     """One audit into `options.output`; returns the summary it wrote."""
-    from rig_conductor.audit import sources
-
     timings = timings if timings is not None else {}
     evaluated_at = clock()
     window_end = min(options.until, evaluated_at) if options.until else evaluated_at
@@ -81,29 +79,14 @@ def run(
         with _timed(timings, "readMs"):
             streams = dispatched_streams(loaded.events)
         with _timed(timings, "redisMs"):
-            client = sources.connect(settings)
-            try:
-                snapshot = sources.read_redis(client, streams=streams)
-            finally:
-                client.close()
+            snapshot = _read_redis(settings, streams)
         # On a live system an entry finished between the event read and the Redis read has left
         # its pending list, but its completion was logged after the read: take it from the tail.
         if options.until is None and loaded.bounds.high is not None:
             with _timed(timings, "readMs"):
                 load_tail(spark, source, loaded, tenant=settings.tenant)
         with _timed(timings, "computeMs"):
-            first = options.since or loaded.bounds.first_at or window_end
-            findings = reconcile_all(
-                spark,
-                loaded.events,
-                snapshot,
-                intervals=loaded.intervals,
-                window_end=window_end,
-                down_ms=settings.agent_down_ms,
-                span_ms=max((window_end - first).total_seconds() * 1000, 0.0),
-                output=options.output,
-                staging=options.output / STAGED,
-            )
+            findings = _reconcile(spark, loaded, snapshot, settings, options, window_end)
             summary, data = summarize(
                 findings,
                 settings=settings,
@@ -117,6 +100,38 @@ def run(
     finally:
         loaded.release()
     return summary
+
+
+def _read_redis(settings: Settings, streams: list[str]) -> RedisSnapshot:
+    from rig_conductor.audit import sources
+
+    client = sources.connect(settings)
+    try:
+        return sources.read_redis(client, streams=streams)
+    finally:
+        client.close()
+
+
+def _reconcile(
+    spark: SparkSession,
+    loaded: Loaded,
+    snapshot: RedisSnapshot,
+    settings: Settings,
+    options: AuditOptions,
+    window_end: datetime,
+) -> Findings:
+    first = options.since or loaded.bounds.first_at or window_end
+    return reconcile_all(
+        spark,
+        loaded.events,
+        snapshot,
+        intervals=loaded.intervals,
+        window_end=window_end,
+        down_ms=settings.agent_down_ms,
+        span_ms=max((window_end - first).total_seconds() * 1000, 0.0),
+        output=options.output,
+        staging=options.output / STAGED,
+    )
 
 
 def load_events(
@@ -158,10 +173,7 @@ def load_events(
         )
     cached: list[DataFrame] = []
     if staging is not None and not empty:
-        path = str((staging / "events").resolve())
-        events.write.mode("overwrite").partitionBy("kind").parquet(path)
-        columns = [f.name for f in reconcile.EVENTS_SCHEMA.fields]
-        events = spark.read.schema(reconcile.EVENTS_SCHEMA).parquet(path).select(*columns)
+        events = _staged(spark, events, staging)
     else:
         events = events.persist()
         cached.append(events)
@@ -182,6 +194,16 @@ def load_events(
         cached=cached,
         staged=staging,
     )
+
+
+def _staged(spark: SparkSession, events: DataFrame, staging: Path) -> DataFrame:
+    """`events` written to `staging` as Parquet partitioned by kind, and read back from there."""
+    from rig_conductor.audit import reconcile
+
+    path = str((staging / "events").resolve())
+    events.write.mode("overwrite").partitionBy("kind").parquet(path)
+    columns = [f.name for f in reconcile.EVENTS_SCHEMA.fields]
+    return spark.read.schema(reconcile.EVENTS_SCHEMA).parquet(path).select(*columns)
 
 
 def load_tail(spark: SparkSession, source: JdbcSource, loaded: Loaded, *, tenant: str) -> None:

@@ -187,25 +187,7 @@ def entry_facts(events: DataFrame, replaced: DataFrame) -> DataFrame:
     dispatch = F.col("kind").isin(ISSUE_ASSIGNED, DEAD_LETTER_REQUEUED)
     report = F.col("kind").isin(*WORK_KINDS)
     accepted = (F.col("kind") == WORK_COMPLETED) & ~F.col("fenced")  # as `completions`
-    rows = (
-        events.where(
-            (dispatch | report) & F.col("stream").isNotNull() & F.col("entry_id").isNotNull()
-        )
-        .join(replaced, ENTRY, "left_anti")
-        .select(
-            *ENTRY,
-            "id",
-            "kind",
-            "issue_id",
-            "agent_id",
-            "occurred_at",
-            F.coalesce("consumer", "agent_id").alias("worker"),
-            "attempt",
-            "fenced",
-            # The dispatch's fields can be large: only a requeue's DLQ id is shuffled.
-            F.when(F.col("kind") == DEAD_LETTER_REQUEUED, json_field("dlqId")).alias("dlq_id"),
-        )
-    )
+    rows = _entry_rows(events.where(dispatch | report), replaced)
     first = F.min_by(
         F.struct("id", "kind", "issue_id", "agent_id", "occurred_at", "dlq_id"),
         F.when(dispatch, F.col("id")),
@@ -245,6 +227,27 @@ def entry_facts(events: DataFrame, replaced: DataFrame) -> DataFrame:
             "first_attempt",
             "fenced_reports",
             "last",
+        )
+    )
+
+
+def _entry_rows(events: DataFrame, replaced: DataFrame) -> DataFrame:
+    """The columns `entry_facts` groups, of the rows that name an entry not replaced."""
+    return (
+        events.where(F.col("stream").isNotNull() & F.col("entry_id").isNotNull())
+        .join(replaced, ENTRY, "left_anti")
+        .select(
+            *ENTRY,
+            "id",
+            "kind",
+            "issue_id",
+            "agent_id",
+            "occurred_at",
+            F.coalesce("consumer", "agent_id").alias("worker"),
+            "attempt",
+            "fenced",
+            # The dispatch's fields can be large: only a requeue's DLQ id is shuffled.
+            F.when(F.col("kind") == DEAD_LETTER_REQUEUED, json_field("dlqId")).alias("dlq_id"),
         )
     )
 

@@ -55,49 +55,29 @@ def summarize(
     """
     from pyspark.sql import functions as F
 
-    from rig_conductor.audit import timelines
-
     totals = _one(findings.status.transform(_totals))
     latency = _one(findings.latency)
     lost = findings.lost.select("stream", "entry_id", "issue_id").take(LISTED_AT_MOST)
     duplicates = findings.duplicates.select("issue_id", "consumers").take(LISTED_AT_MOST)
-    duplicate_count = findings.duplicates.count()
     agents = findings.availability.take(LISTED_AT_MOST)
-    agent_count = findings.availability.count()
-    rates = findings.dead_letter_rate.collect()
-    fenced = findings.reports.where(F.col("fenced")).count()
-    sightings = findings.sightings.count()
     summary: dict[str, Any] = {
         "dispatched": totals["dispatched"],
         "completed": totals["completed"],
         "deadLettered": totals["dead_lettered"],
         "pending": totals["pending"],
         "lost": [
-            {"stream": r["stream"], "entryId": r["entry_id"], "issueId": r["issue_id"]}
-            for r in lost
+            {"stream": stream, "entryId": entry, "issueId": issue} for stream, entry, issue in lost
         ],
         "duplicates": [
             {"issueId": r["issue_id"], "consumers": list(r["consumers"])} for r in duplicates
         ],
         "lostCount": totals["lost"],
-        "duplicateCount": duplicate_count,
+        "duplicateCount": findings.duplicates.count(),
         "reclaims": latency["reclaims"],
-        "reclaimsByReason": {
-            r["reason"]: r["reclaims"]
-            for r in timelines.reclaims_by_reason(findings.reclaims).collect()
-        },
-        "reclaimLatencyMs": {
-            "p50": _ms(latency["p50"]),
-            "p95": _ms(latency["p95"]),
-            "max": _ms(latency["max"]),
-        },
+        "reclaimsByReason": _by_reason(findings.reclaims),
+        "reclaimLatencyMs": {key: _ms(latency[key]) for key in ("p50", "p95", "max")},
         "tenant": settings.tenant,
-        "window": {
-            "since": _iso(options.since),
-            "until": _iso(options.until),
-            "end": _iso(window_end),
-            "redisReadAt": _iso(snapshot.taken_at),
-        },
+        "window": _window(options, window_end, snapshot),
         "events": loaded.rows,
         "jdbcPartitions": loaded.partitions,
         "requeued": totals["requeued"],
@@ -107,41 +87,66 @@ def summarize(
         "completedStillPending": totals["completed_still_pending"],
         "reclaimLatencySamples": latency["measured"],
         "overlappingAttemptReports": findings.overlaps.count(),
-        "fencedReports": fenced,
-        "consumersWithoutHeartbeat": sightings,
+        "fencedReports": findings.reports.where(F.col("fenced")).count(),
+        "consumersWithoutHeartbeat": findings.sightings.count(),
         "agentDownMs": settings.agent_down_ms,
-        "agentCount": agent_count,
-        "agents": [
-            {
-                "agentId": a["agent_id"],
-                "availability": round(float(a["availability"]), 6),
-                "downMs": _ms(a["down_ms"]),
-                "detectedDownMs": _ms(a["detected_down_ms"]),
-                "downPeriods": a["down_periods"],
-                "downAtEnd": bool(a["down_at_end"]),
-                "heartbeats": a["heartbeats"],
-                "lastHeartbeatAt": _iso(a["last_heartbeat"]),
-            }
-            for a in agents
-        ],
-        "deadLetterRate": [
-            {
-                "stream": r["stream"],
-                "dispatched": r["dispatched"],
-                "deadLettered": r["dead_lettered"],
-                "rate": r["dead_letter_rate"],
-            }
-            for r in rates
-        ],
-        "redis": {
-            "streams": snapshot.streams,
-            "missingStreams": snapshot.missing,
-            "groups": snapshot.groups,
-            "pendingEntries": len(snapshot.pending),
-            "deadLetters": len(snapshot.letters),
-        },
+        "agentCount": findings.availability.count(),
+        "agents": [_agent(a) for a in agents],
+        "deadLetterRate": [_rate(r) for r in findings.dead_letter_rate.collect()],
+        "redis": _redis(snapshot),
     }
     return summary, _report_data(findings, agents, window_end)
+
+
+def _window(options: AuditOptions, end: datetime, snapshot: RedisSnapshot) -> dict[str, Any]:
+    """The time the audit covers, and when it read Redis."""
+    return {
+        "since": _iso(options.since),
+        "until": _iso(options.until),
+        "end": _iso(end),
+        "redisReadAt": _iso(snapshot.taken_at),
+    }
+
+
+def _redis(snapshot: RedisSnapshot) -> dict[str, Any]:
+    """What the audit read from Redis, counted."""
+    return {
+        "streams": snapshot.streams,
+        "missingStreams": snapshot.missing,
+        "groups": snapshot.groups,
+        "pendingEntries": len(snapshot.pending),
+        "deadLetters": len(snapshot.letters),
+    }
+
+
+def _by_reason(reclaims: DataFrame) -> dict[str, int]:
+    from rig_conductor.audit import timelines
+
+    return {r["reason"]: r["reclaims"] for r in timelines.reclaims_by_reason(reclaims).collect()}
+
+
+def _agent(a: Row) -> dict[str, Any]:
+    """One agent's availability, as summary.json lists it."""
+    return {
+        "agentId": a["agent_id"],
+        "availability": round(float(a["availability"]), 6),
+        "downMs": _ms(a["down_ms"]),
+        "detectedDownMs": _ms(a["detected_down_ms"]),
+        "downPeriods": a["down_periods"],
+        "downAtEnd": bool(a["down_at_end"]),
+        "heartbeats": a["heartbeats"],
+        "lastHeartbeatAt": _iso(a["last_heartbeat"]),
+    }
+
+
+def _rate(r: Row) -> dict[str, Any]:
+    """One stream's dead-letter rate, as summary.json lists it."""
+    return {
+        "stream": r["stream"],
+        "dispatched": r["dispatched"],
+        "deadLettered": r["dead_lettered"],
+        "rate": r["dead_letter_rate"],
+    }
 
 
 def _totals(status: DataFrame) -> DataFrame:
