@@ -66,8 +66,8 @@ def plan(
 def outcome(p: reclaim.ReclaimPlan) -> str:
     if p.moves:
         return ",".join(sorted({f"{m.reason}->{m.to}" for m in p.moves}))
-    if p.assessment.held:
-        return f"held {sum(p.assessment.held.values())}"
+    if p.assessment.left_degraded:
+        return f"held {sum(p.assessment.left_degraded.values())}"
     return "leave"
 
 

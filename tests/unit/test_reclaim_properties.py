@@ -159,7 +159,9 @@ def test_degraded_owners_feed_healthy_targets_only(scene: SceneT) -> None:
     for move in plan.moves:
         if move.reason == "degraded":
             assert move.to not in degraded
-    assert not (plan.assessment.held and any(not t.degraded for t in plan.assessment.targets))
+    assert not (
+        plan.assessment.left_degraded and any(not t.degraded for t in plan.assessment.targets)
+    )
 
 
 @settings(max_examples=400)
@@ -188,7 +190,7 @@ def test_every_eligible_entry_is_decided_exactly_once(scene: SceneT) -> None:
     decided = [e.id for e in (*moved, *plan.dead_letters, *plan.no_target)]
     assert len(decided) == len(set(decided))
     fleet = Fleet(evidence, limits)
-    held = set(plan.assessment.held)
+    held = set(plan.assessment.left_degraded)
 
     def eligible(e: PendingEntry) -> bool:
         if e.consumer in held:

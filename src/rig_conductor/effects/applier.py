@@ -108,7 +108,7 @@ class Applier:
         counters; what the group's plans did, for the scan report."""
         assessment = self.assessment
         outcome = _outcome(assessment, self.moved, self.no_target, self.skipped)
-        _log_held(assessment)
+        _log_left_degraded(assessment)
         _log_no_target(assessment, self.no_target)
         if self.worn:
             await self._dead_letter(outcome)
@@ -304,7 +304,7 @@ def _outcome(
         outcome.changes[target] += count
     outcome.reclaimed = sum(moved.values())
     outcome.no_target = sum(no_target.values())
-    outcome.degraded_held = sum(assessment.held.values())
+    outcome.degraded_held = sum(assessment.left_degraded.values())
     outcome.skipped = skipped
     return outcome
 
@@ -348,8 +348,8 @@ def _log_dead_lettered(
         )
 
 
-def _log_held(assessment: reclaim.GroupAssessment) -> None:
-    for consumer, count in assessment.held.items():
+def _log_left_degraded(assessment: reclaim.GroupAssessment) -> None:
+    for consumer, count in assessment.left_degraded.items():
         logger.warning(
             "[StreamReclaim] %s in group %s of %s has been degraded past the grace period, but "
             "no non-degraded consumer can take its %d entries; left in place",
@@ -367,8 +367,10 @@ def _log_held(assessment: reclaim.GroupAssessment) -> None:
         )
 
 
-def _log_no_target(assessment: reclaim.GroupAssessment, held: Mapping[ConsumerName, int]) -> None:
-    for consumer, count in held.items():
+def _log_no_target(
+    assessment: reclaim.GroupAssessment, stranded: Mapping[ConsumerName, int]
+) -> None:
+    for consumer, count in stranded.items():
         logger.warning(
             "[StreamReclaim] No live consumer in group %s of %s to take %d entries of %s; "
             "left in place",

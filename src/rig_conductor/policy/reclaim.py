@@ -120,7 +120,7 @@ class GroupAssessment:
     targets: tuple[TargetCandidate, ...]
     # Degraded-stale owners left in place for want of a non-degraded target: their pending
     # counts (rule 3b's `degradedHeld`).
-    held: Mapping[ConsumerName, int] = field(default_factory=dict)
+    left_degraded: Mapping[ConsumerName, int] = field(default_factory=dict)
 
     @property
     def down(self) -> dict[ConsumerName, OwnerRule]:
@@ -156,14 +156,16 @@ def assess_group(
     has_healthy = any(not t.degraded for t in targets)
     pending = {info.name: info.pending for info in group.consumers if info.pending}
     rules: list[OwnerRule] = []
-    held: dict[ConsumerName, int] = {}
+    left_degraded: dict[ConsumerName, int] = {}
     for rule in owners:
         if rule.reason == "degraded" and not has_healthy:
-            held[rule.owner] = pending[rule.owner]
+            left_degraded[rule.owner] = pending[rule.owner]
             continue
         rules.append(rule)
     rules.sort(key=lambda r: REASONS.index(r.reason))
-    return GroupAssessment(group.stream, group.name, {r.owner: r for r in rules}, targets, held)
+    return GroupAssessment(
+        group.stream, group.name, {r.owner: r for r in rules}, targets, left_degraded
+    )
 
 
 def rank_targets(

@@ -220,7 +220,7 @@ class _Scan:
             report.pending += group.pending
             # Plan.
             assessment = self._assess(group)
-            if assessment.rules or assessment.held:
+            if assessment.rules or assessment.left_degraded:
                 # Something moves: every consumer, each judged on its own heartbeat, is ranked
                 # as a target. The reading summed up the quiet ones: read the group in full.
                 if not group.complete:
@@ -230,8 +230,8 @@ class _Scan:
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
                 r.reason == "degraded" for r in assessment.rules.values()
-            ) + len(assessment.held)
-            if not (assessment.rules or assessment.held):
+            ) + len(assessment.left_degraded)
+            if not (assessment.rules or assessment.left_degraded):
                 continue
             # Apply. A slot that moved since the scan read it moved nothing (every move is
             # guarded where the stream lives): one retry where it lives now.

@@ -92,7 +92,7 @@ class LeaseElector(ElectorBase):
 
     async def _claim(self) -> str | None:
         try:
-            held = await asyncio.to_thread(self._attempt)
+            leading = await asyncio.to_thread(self._attempt)
         except kubernetes.Conflict as exc:
             self._answered()
             return f"conflict on Lease {self.namespace}/{self.name}: {exc}"
@@ -101,7 +101,7 @@ class LeaseElector(ElectorBase):
             self._failed(f"Lease {self.namespace}/{self.name} unavailable: {exc}")
             raise BackendUnreachable from exc
         self._answered()
-        return None if held else f"Lease {self.namespace}/{self.name} is held by {self.holder}"
+        return None if leading else f"Lease {self.namespace}/{self.name} is held by {self.holder}"
 
     def _holding(self) -> str:
         return f"holds Lease {self.namespace}/{self.name}"

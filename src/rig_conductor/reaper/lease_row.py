@@ -82,7 +82,7 @@ class LeaseRowElector(ElectorBase):
         if self._answered():
             logger.info("Reaper lease of tenant %s reachable again", self.tenant)
         self.holder = claim.holder
-        if claim.held:
+        if claim.leading:
             return None
         return f"reaper lease of tenant {self.tenant} is held by {claim.holder}"
 

@@ -43,9 +43,9 @@ UPDATE reaper_lease SET holder = NULL, expires_at = now()
 
 @dataclass(frozen=True, slots=True)
 class LeaseClaim:
-    """The outcome of one attempt: whether we hold the lease now, and who does."""
+    """The outcome of one attempt: whether we lead (hold the lease) now, and who holds it."""
 
-    held: bool
+    leading: bool
     holder: str | None
 
 
@@ -58,8 +58,8 @@ async def try_take(
     )
     row = await cursor.fetchone()
     if row is None:  # the row was inserted by a concurrent attempt not yet visible to ours
-        return LeaseClaim(held=False, holder=None)
-    return LeaseClaim(held=bool(row[1]), holder=row[0])
+        return LeaseClaim(leading=False, holder=None)
+    return LeaseClaim(leading=bool(row[1]), holder=row[0])
 
 
 async def release(conn: psycopg.AsyncConnection[Any], *, tenant: str, holder: str) -> bool:
