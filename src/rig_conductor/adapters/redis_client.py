@@ -52,7 +52,9 @@ T = TypeVar("T")
 class _HiredisPacking:
     """Mixed into a client's connection class: commands are packed by hiredis, byte for byte
     as redis-py's blocking client packs them when hiredis is installed. The asyncio client packs
-    in Python, a cost per argument that a scan pays once per entry it claims."""
+    in Python, a cost per argument that a scan pays once per entry it claims: an XCLAIM of
+    1,000 ids took 470-730 µs to pack in Python and 62-65 µs with hiredis on the 2-core CI
+    machine, so 0.5-0.7 µs of the 6.7 µs an entry that 150,000 reclaims a second allow."""
 
     _packer = HiredisRespSerializer()
 
