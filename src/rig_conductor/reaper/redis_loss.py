@@ -31,6 +31,7 @@ from rig_conductor.adapters.postgres import dispatches
 from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.policy import redis_loss
+from rig_conductor.reaper import redispatch
 from rig_conductor.settings import Settings
 
 if TYPE_CHECKING:
@@ -225,13 +226,7 @@ async def _fence_and_append(
             )
         return
     if action == "append":
-        entry_id, appended = await redis_streams.append_once(
-            client,
-            stream=StreamKey(dispatch.stream),
-            key=dispatch.key,
-            fields=dispatch.fields,
-            remember_s=settings.event_retention_days * 86_400,
-        )
+        entry_id, appended = await redispatch.append_dispatch(client, dispatch, settings=settings)
     else:
         assert marker is not None
         entry_id, appended = EntryId(marker), False

@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import dispatches
-from rig_conductor.adapters.redis_client import Topology, node_for
-from rig_conductor.domain import StreamKey
+from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
+from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.settings import Settings
 
 if TYPE_CHECKING:
@@ -85,13 +85,7 @@ async def _append_again(
 ) -> bool:
     """Append a lost dispatch once more (once per key, whoever else tries) and record where it
     lives now; False when another conductor appended it first."""
-    entry_id, appended = await redis_streams.append_once(
-        redis,
-        stream=StreamKey(item.stream),
-        key=item.key,
-        fields=item.fields,
-        remember_s=settings.event_retention_days * 86_400,
-    )
+    entry_id, appended = await append_dispatch(redis, item, settings=settings)
     if not appended:
         return False
     await dispatches.reappended(engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
@@ -107,3 +101,18 @@ async def _append_again(
         extra={"issueId": item.issue_id, "stream": item.stream, "entryId": entry_id},
     )
     return True
+
+
+async def append_dispatch(
+    redis: AnyRedis, dispatch: dispatches.RecentDispatch, *, settings: Settings
+) -> tuple[EntryId, bool]:
+    """Append `dispatch` to its stream again, at most once per idempotency key whoever else
+    tries (the key is remembered as long as the event log keeps events); its entry id, and
+    whether this call appended it."""
+    return await redis_streams.append_once(
+        redis,
+        stream=StreamKey(dispatch.stream),
+        key=dispatch.key,
+        fields=dispatch.fields,
+        remember_s=settings.event_retention_days * 86_400,
+    )
