@@ -39,6 +39,12 @@ pytestmark = pytest.mark.timeout(300)
 HUNG = ("builder-h", "builder-h-pod-0")
 HEALTHY = ("builder-a", "builder-a-pod-0")
 DEADLINE_S, SCAN_S = 2.0, 0.5
+# Long work reporting progress every PROGRESS_S keeps its entry past LONG_DEADLINE_S: ten reports
+# a deadline. With 2 s and a report every 0.5 s, one flake-loop round in seven saw the entry
+# reclaimed as stalled: on two loaded cores, no report had been recorded for 2 s (each waits for
+# the handler thread's sleep, its HTTP call and the conductor's commit). Rule 4b did as it says;
+# the test had asked four reports in a row to be on time.
+LONG_DEADLINE_S, PROGRESS_S = 5.0, 0.5
 # After the move: builder-a's next read of its own pending list (every 1 s), and its start.
 PICKUP_S = 2.0
 
@@ -163,7 +169,7 @@ async def test_long_work_that_reports_progress_keeps_its_entry(
     redis: Redis, engine: AsyncEngine, redis_url: str, database_url: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    deadline = {"RIG_ENTRY_DEADLINE_MS": str(int(DEADLINE_S * 1000))}
+    deadline = {"RIG_ENTRY_DEADLINE_MS": str(int(LONG_DEADLINE_S * 1000))}
     env = conductor_env(
         [HUNG[0], HEALTHY[0]],
         RIG_AGENT_DOWN_MS="60000",
@@ -181,8 +187,8 @@ async def test_long_work_that_reports_progress_keeps_its_entry(
                 *HUNG,
                 handler="tests.e2e.handlers:slow",
                 E2E_SLOW_ISSUES="rc-long",
-                E2E_SLOW_S=str(3 * DEADLINE_S),  # three deadlines long
-                E2E_PROGRESS_S="0.5",
+                E2E_SLOW_S=str(2 * LONG_DEADLINE_S),  # two deadlines long
+                E2E_PROGRESS_S=str(PROGRESS_S),
             )
             await wait_for(lambda: heard_from(api, worker.consumer), within=30)
             entry = await dispatch(api, "rc-long", {})
@@ -207,4 +213,4 @@ async def test_long_work_that_reports_progress_keeps_its_entry(
     (completion,) = (await accepted_completions(engine))[entry]
     assert (completion.consumer, completion.attempt) == (worker.consumer, 1)
     progress = [kind for kind, _, fenced in await work_events(engine, entry) if not fenced]
-    assert progress.count("WORK_PROGRESS") == round(3 * DEADLINE_S / 0.5)
+    assert progress.count("WORK_PROGRESS") == round(2 * LONG_DEADLINE_S / PROGRESS_S)
