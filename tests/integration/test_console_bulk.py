@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from unittest.mock import AsyncMock
 
 import httpx
 import pytest
@@ -60,17 +60,11 @@ async def count(engine: AsyncEngine, kind: str) -> int:
         return int((await conn.execute(query)).scalar_one())
 
 
-def count_calls(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[int]:
-    """Count the calls of `module.name` (still made: the real function runs); one per call."""
-    calls: list[int] = []
-    real = getattr(module, name)
-
-    async def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
+def spy(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> AsyncMock:
+    """`module.name` still called, its awaits counted."""
+    wrapped = AsyncMock(wraps=getattr(module, name))
+    monkeypatch.setattr(module, name, wrapped)
+    return wrapped
 
 
 async def test_all_that_match_go_in_batches_each_recorded(
@@ -83,9 +77,9 @@ async def test_all_that_match_go_in_batches_each_recorded(
     await plant(redis, LETTERS)
     csrf = await sign_in(console, OPERATOR)
     caplog.set_level(logging.INFO)
-    deletes = count_calls(monkeypatch, redis_inspect, "delete_dead_letters")
-    requeues = count_calls(monkeypatch, redis_streams, "requeue_many")
-    copies = count_calls(monkeypatch, queries, "append_events")
+    deletes = spy(monkeypatch, redis_inspect, "delete_dead_letters")
+    requeues = spy(monkeypatch, redis_streams, "requeue_many")
+    copies = spy(monkeypatch, queries, "append_events")
     deleted = await console.post(
         "/ui/deadletters/delete",
         data={"csrf": csrf, "stream": S, "q": "beta", "all_matching": "true"},
@@ -94,14 +88,14 @@ async def test_all_that_match_go_in_batches_each_recorded(
     assert await redis.xlen(f"{S}:dlq") == LETTERS - LETTERS // 3
     # One Redis round trip and one COPY a batch, not one a letter.
     batches = math.ceil(LETTERS // 3 / deadletters.BATCH)
-    assert (len(deletes), len(copies)) == (batches, batches)
+    assert (deletes.await_count, copies.await_count) == (batches, batches)
     requeued = await console.post(
         "/ui/deadletters/requeue", data={"csrf": csrf, "stream": S, "all_matching": "true"}
     )
     assert requeued.status_code == 303
     left = LETTERS - LETTERS // 3
-    assert len(requeues) == math.ceil(left / deadletters.BATCH)
-    assert len(copies) == batches + len(requeues)
+    assert requeues.await_count == math.ceil(left / deadletters.BATCH)
+    assert copies.await_count == batches + requeues.await_count
     assert await redis.xlen(f"{S}:dlq") == 0 and await redis.xlen(S) == left
     issues = {fields["issueId"] for _, fields in await redis.xrange(S)}
     assert issues == {f"rc-{i}" for i in range(LETTERS) if i % 3}
