@@ -91,7 +91,6 @@ class _Parts:
     ) -> None:
         self.settings = settings
         self.metrics = metrics
-        self.schedule_reaper = schedule_reaper
         self.redis = redis_client.connect(settings)
         self.topology = redis_client.Topology(self.redis, settings)
         self.engine = pg.create_engine(settings.sqlalchemy_url)
@@ -145,9 +144,8 @@ class _Parts:
 
     async def start(self) -> None:
         self.heartbeats.start()
-        if self.elector is not None:
+        if self.elector is not None:  # there is one exactly when scans are scheduled
             await self.elector.start()
-        if self.schedule_reaper:
             self.reaper.start()
 
     async def stop(self) -> None:
