@@ -130,13 +130,36 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
+async def private_redis(embedded_redis_url: str) -> AsyncIterator[Redis]:
+    """A flushed database on this session's own embedded Redis, which no other pytest-xdist
+    worker talks to: for tests that read server-wide figures (INFO commandstats, the slow log),
+    which the shared configured Redis mixes across workers."""
+    client = redis_kit.connect(embedded_redis_url)
+    await client.flushdb()
+    yield client
+    await client.config_set("slowlog-log-slower-than", 10_000)
+    await client.flushdb()
+    await client.aclose()
+
+
+@pytest.fixture
 async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
     engine = pg.create_engine(database_url, pool_size=5)
     try:
         await _empty_tables(engine)
         yield engine
+        _nothing_checked_out(engine)
     finally:
         await engine.dispose()
+
+
+def _nothing_checked_out(engine: AsyncEngine) -> None:
+    """A connection still checked out when the test ends belongs to a task the test left
+    running: it will hold its transaction, and the tables of the next test, until the process
+    exits. Fail here, in the test that left it, not in whichever test comes next."""
+    left = engine.pool.checkedout()  # type: ignore[attr-defined]
+    if left:
+        pytest.fail(f"{left} PostgreSQL connection(s) still checked out when the test ended")
 
 
 async def _empty_tables(engine: AsyncEngine) -> None:

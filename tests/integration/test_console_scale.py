@@ -1,7 +1,7 @@
 """The pending page at size: a page of a 20,000-entry pending list costs what a page costs.
 
-Measured on the embedded Redis, which only this test session talks to, so INFO commandstats
-and the slow log count this page's commands and nobody else's."""
+Measured on `private_redis`, so INFO commandstats and the slow log count this page's commands
+and nobody else's."""
 
 from __future__ import annotations
 
@@ -15,21 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.console import pages
 from rig_conductor.settings import Settings
-from tests import redis_kit
 
 from .console_kit import OPERATOR, G, S, builder, client_of, sign_in
 
 ENTRIES = 20_000
-
-
-@pytest.fixture
-async def private_redis(embedded_redis_url: str) -> AsyncIterator[Redis]:
-    client = redis_kit.connect(embedded_redis_url)
-    await client.flushdb()
-    yield client
-    await client.config_set("slowlog-log-slower-than", 10_000)
-    await client.flushdb()
-    await client.aclose()
 
 
 @pytest.fixture

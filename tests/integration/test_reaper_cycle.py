@@ -255,8 +255,9 @@ async def test_whole_pending_list_in_one_scan(
 
 
 async def test_scan_reads_pending_lists_of_down_consumers_only(
-    redis: Redis, engine: AsyncEngine, settings: Settings
+    private_redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
+    redis = private_redis  # INFO commandstats counts this test's commands only
     await fill(redis, S, G, 60)
     for n in range(5):
         await read(redis, S, G, f"review-e-rig-agent-runtime-{n}", 10)
@@ -284,8 +285,9 @@ async def test_every_stream_matching_a_pattern_is_scanned(
 
 
 async def test_nothing_is_acked_outside_the_dead_letter_path(
-    redis: Redis, engine: AsyncEngine, settings: Settings
+    private_redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
+    redis = private_redis  # INFO commandstats counts this test's commands only
     await scene(redis, engine, held=50)
     before = (await redis.xpending(S, G))["pending"]
     await redis.config_resetstat()

@@ -160,6 +160,38 @@ async def test_stop_lets_a_scheduled_scan_finish(
     assert "CancelledError" not in caplog.text
 
 
+async def test_no_scan_starts_once_stop_returns(
+    engine: AsyncEngine,
+    redis: Redis,
+    make_settings: Callable[..., Settings],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """APScheduler shuts down a loop turn after it is told to, and its timer may start a job
+    in between. No scan may start once stop() has returned: it would run on, unwaited, and
+    hold a connection inside a transaction."""
+    late: list[int] = []
+    stopped = False
+    real = cycle.reap_once
+
+    async def watched(**kwargs: Any) -> ScanReport:
+        if stopped:
+            late.append(turns)
+        return await real(**kwargs)
+
+    monkeypatch.setattr(cycle, "reap_once", watched)
+    settings = make_settings(scan_interval_s=60, startup_delay_s=0)
+    for turns in range(4):  # stop() called this many loop turns after start()
+        stopped = False
+        service = ReaperService(redis=redis, engine=engine, settings=settings)
+        service.start()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await service.stop()
+        stopped = True
+        await asyncio.sleep(0.1)
+    assert late == [], f"scans started after stop() returned, stopped after {late} loop turns"
+
+
 async def test_retention_deletes_old_events_in_batches(engine: AsyncEngine) -> None:
     reports = [queries.EventRow("WORK_PROGRESS", agent_id="dev-e")] * 25
     await queries.append_events(engine, tenant="default", rows=reports)

@@ -62,6 +62,7 @@ class ReaperService:
         self._lock = asyncio.Lock()
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._jobs: set[asyncio.Task[None]] = set()
+        self._stopping = False
         self.last_report: cycle.ScanReport | None = None
         self.failed_scans = 0
 
@@ -94,8 +95,12 @@ class ReaperService:
         )
 
     async def stop(self) -> None:
+        # APScheduler's AsyncIOScheduler shuts down on the loop's next turn, not in this call:
+        # until then its timer can still start a job. A job started from now on does nothing.
+        self._stopping = True
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
+            await asyncio.sleep(0)  # let the shutdown happen
         # A scheduled job in progress finishes first (the scheduler's shutdown cancels only the
         # job's wrapper, see _unless_stopping); so does a scan asked for through the API.
         await asyncio.gather(*self._jobs, return_exceptions=True)
@@ -106,6 +111,9 @@ class ReaperService:
         """Run a scheduled job so that the scheduler's shutdown, which cancels the jobs it
         runs, does not cut it off half-way: moves already made are logged and recorded, and
         stop() waits for the rest."""
+        if self._stopping:
+            work.close()
+            return
         job = asyncio.create_task(work)
         self._jobs.add(job)
         job.add_done_callback(self._jobs.discard)
