@@ -43,10 +43,13 @@ class AgentSettings(RigSettings):
     heartbeat_interval_s: float = Field(
         description="seconds between heartbeats", default=10.0, gt=0
     )
-    # How often the agent re-reads its own pending list (where reclaimed entries land).
+    # One meaning on both sides: the reaper's period. Entries reclaimed to this agent land in
+    # its pending list at most once a scan, so the agent re-reads the list at least that often.
+    # Give the agent the conductor's value.
     scan_interval_s: float = Field(
         description=(
-            "how often the agent re-reads its own pending list (where reclaimed entries land)"
+            "the reaper's period, as the conductor has it: entries reclaimed to this agent land "
+            "in its pending list once a scan, so it re-reads that list at least this often"
         ),
         default=60.0,
         gt=0,

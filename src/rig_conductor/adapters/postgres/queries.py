@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Text, any_, bindparam, func, select, text, true
+from sqlalchemy import Text, bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -102,21 +102,31 @@ async def own_heartbeats(
 async def _own_heartbeats(
     conn: AsyncConnection, tenant: str, consumers: Collection[str] | None
 ) -> dict[ConsumerName, Heartbeat]:
-    rows = await conn.execute(
-        select(
-            consumer_heartbeats.c.consumer,
-            consumer_heartbeats.c.last_heartbeat_at,
-            consumer_heartbeats.c.degraded,
-            consumer_heartbeats.c.degraded_since,
-        ).where(
-            consumer_heartbeats.c.tenant == tenant,
-            # One array parameter: IN with a parameter each compiles slowly at a thousand names.
-            true()
-            if consumers is None
-            else consumer_heartbeats.c.consumer
-            == any_(bindparam("names", list(consumers), type_=ARRAY(Text))),
-        )
+    columns = (
+        consumer_heartbeats.c.consumer,
+        consumer_heartbeats.c.last_heartbeat_at,
+        consumer_heartbeats.c.degraded,
+        consumer_heartbeats.c.degraded_since,
     )
+    if consumers is None:
+        query = select(*columns).where(consumer_heartbeats.c.tenant == tenant)
+    else:
+        # The names as rows joined on the primary key: a lookup each, whatever the table's
+        # statistics say. (`consumer = ANY(:names)` read every row of the tenant, 160 ms at a
+        # million, when the table had not been analyzed since it grew.)
+        names = (
+            func.unnest(bindparam("names", list(consumers), type_=ARRAY(Text)))
+            .table_valued("name")
+            .render_derived()
+        )
+        query = select(*columns).select_from(
+            names.join(
+                consumer_heartbeats,
+                (consumer_heartbeats.c.tenant == tenant)
+                & (consumer_heartbeats.c.consumer == names.c.name),
+            )
+        )
+    rows = await conn.execute(query)
     return {ConsumerName(c): Heartbeat(*beat) for c, *beat in rows}
 
 
