@@ -19,8 +19,8 @@ linearly with the fleet, never below 1/5 of them: N / 1,000,000 of each, at leas
 bound stays). The memory goals at 1/5 are below what an idle Python process of the conductor
 takes (some 80 MB): they are printed, and missed, as the issue sets them.
 
-Views are timed by the server where it says (`Server-Timing` on console pages), else from the
-client (the /api routes: the round trip on loopback, an upper bound). Each is fetched 10 times
+Views are timed by the server (its `Server-Timing`, on console pages and /api views; a view
+without it by the round trip on loopback, an upper bound). Each is fetched 10 times
 after a warm-up (fewer past 20 s: at least 3), while a tab polls the overview page and its live
 part every 2 s; path and required query parameters are filled from the data set (a stream's
 first group and the consumer holding its entries, an agent), `limit` left at its default. A

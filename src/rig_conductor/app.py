@@ -23,6 +23,7 @@ from rig_conductor.reaper import leader
 from rig_conductor.reaper.pods import PodEvidence
 from rig_conductor.reaper.schedule import ReaperService
 from rig_conductor.runtime import Runtime, tokens_of
+from rig_conductor.server_timing import ServerTiming
 from rig_conductor.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def create_app(
     app.include_router(deadletters.router, prefix="/api")
     app.include_router(health.router)
     console.install(app, tokens=tokens)
+    app.add_middleware(ServerTiming)  # console pages and /api views: the time to answer
     return app
 
 

@@ -146,3 +146,21 @@ async def _scans_run(api: httpx.AsyncClient) -> float:
         for line in text.splitlines()
         if line.startswith("rig_reaper_scans_total{")
     )
+
+
+async def test_views_and_console_pages_say_how_long_the_server_took(
+    make_settings: Callable[..., Settings], redis: Redis, engine: AsyncEngine
+) -> None:
+    """`Server-Timing` on /api views and console pages (what the benchmarks time), not on the
+    agents' event intake."""
+    await fill(redis, "s:a", G, 1)
+    async for api in client_of(_app(make_settings)):
+        for path in ("/api/streams", "/api/agents", "/ui/"):
+            answer = await api.get(path)
+            assert answer.status_code == 200, (path, answer.text)
+            timing = answer.headers.get("server-timing", "")
+            assert timing.startswith("app;dur="), (path, timing)
+            assert float(timing.removeprefix("app;dur=")) > 0
+        beat = await api.post("/api/events", json={"type": "HEARTBEAT", "agentId": "live"})
+        assert beat.status_code == 202
+        assert "server-timing" not in beat.headers

@@ -3,12 +3,9 @@ uPlot for the time series, all served from the package (nothing from a CDN)."""
 
 from __future__ import annotations
 
-import time
-
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import roles
 from rig_conductor.console import actions, pages, signin, web
@@ -18,7 +15,6 @@ from rig_conductor.operations import sessions
 def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.state.console_tokens = tokens
     app.state.error_pages = web.problem  # the API's error handlers answer /ui with these
-    app.add_middleware(ServerTiming)
     app.mount("/ui/static", StaticFiles(directory=web.STATIC), name="console-static")
     app.state.sign_in_throttle = sessions.SignInThrottle()
     app.include_router(signin.router, prefix="/ui")
@@ -43,29 +39,3 @@ async def _sign_in(request: Request, exc: Exception) -> Response:
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, web.Refused)
     return web.problem(request, exc.status, exc.detail)
-
-
-class ServerTiming:
-    """`Server-Timing: app;dur=<ms>` on every console answer: how long the server took to
-    produce it (a browser's developer tools and `bench/console.py` read it)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or "/ui" not in scope["path"]:
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-
-        async def timed(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                took = (time.perf_counter() - started) * 1000
-                headers = [
-                    *message.get("headers", []),
-                    (b"server-timing", f"app;dur={took:.1f}".encode()),
-                ]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        await self.app(scope, receive, timed)
