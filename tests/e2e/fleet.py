@@ -171,6 +171,10 @@ class Fleet:
         ]
         return "\n".join(tails)
 
+    def tails(self, chars: int = 3000) -> str:
+        """Every agent's log tail: what a test that timed out says about the fleet."""
+        return "\n".join(f"--- {a.consumer}:\n{a.output()[-chars:]}" for a in self.agents)
+
     def __enter__(self) -> Fleet:
         return self
 

@@ -50,8 +50,14 @@ async def owners(redis: Redis, stream: str, group: str) -> dict[str, str]:
     return {row["message_id"]: row["consumer"] for row in rows}
 
 
-async def wait_for(check: Callable[[], object], within: float = 15.0) -> None:
-    """Poll `check` (plain or async) until it is truthy, or fail after `within` seconds."""
+async def wait_for(
+    check: Callable[[], object],
+    within: float = 15.0,
+    *,
+    explain: Callable[[], object] | None = None,
+) -> None:
+    """Poll `check` (plain or async) until it is truthy, or fail after `within` seconds, with
+    what `explain` (plain or async) says about the state it was left in."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         result = check()
@@ -60,7 +66,10 @@ async def wait_for(check: Callable[[], object], within: float = 15.0) -> None:
         if result:
             return
         await asyncio.sleep(0.1)
-    raise AssertionError("condition not met in time")
+    said = explain() if explain is not None else ""
+    if asyncio.iscoroutine(said):
+        said = await said
+    raise AssertionError(f"condition not met in time{': ' if said else ''}{said}")
 
 
 def free_port() -> int:

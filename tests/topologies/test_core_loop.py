@@ -91,7 +91,17 @@ async def test_the_core_loop_on_each_topology(
                         await redis.xrange(dlq, count=1)
                     )
 
-                await wait_for(settled, within=60)
+                async def state() -> str:
+                    done = await accepted_completions(engine)
+                    missing = sorted(i for i, e in entries.items() if e not in done)
+                    pending = await redis.xpending(STREAM, GROUP)
+                    return (
+                        f"not completed: {missing}; dead letters: {await redis.xrange(dlq)}; "
+                        f"pending: {pending}\n--- conductor:\n{conductor.stderr[-6000:]}\n"
+                        f"{fleet.tails()}"
+                    )
+
+                await wait_for(settled, within=60, explain=state)
                 codes = fleet.stop_all()
                 letters = [fields["originalId"] for _, fields in await redis.xrange(dlq)]
     finally:
