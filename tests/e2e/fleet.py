@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -164,16 +165,22 @@ class Fleet:
     def logs(self, codes: dict[str, int], expected: dict[str, int]) -> str:
         """The log tails of the agents whose exit code is not the expected one: the message of
         a failed assertion on `stop_all()`'s codes."""
-        tails = [
-            f"--- {agent.consumer} exited {codes.get(agent.consumer)}:\n{agent.output()[-4000:]}"
-            for agent in self.agents
-            if codes.get(agent.consumer) != expected.get(agent.consumer)
-        ]
-        return "\n".join(tails)
+        return self.tails(
+            [a for a in self.agents if codes.get(a.consumer) != expected.get(a.consumer)],
+            heading=lambda a: f"{a.consumer} exited {codes.get(a.consumer)}",
+        )
 
-    def tails(self, chars: int = 3000) -> str:
-        """Every agent's log tail: what a test that timed out says about the fleet."""
-        return "\n".join(f"--- {a.consumer}:\n{a.output()[-chars:]}" for a in self.agents)
+    def tails(
+        self,
+        agents: list[AgentProcess] | None = None,
+        *,
+        heading: Callable[[AgentProcess], str] = lambda a: a.consumer,
+        chars: int = 4000,
+    ) -> str:
+        """The log tails of `agents` (every agent by default): what a failed test says about
+        the fleet."""
+        chosen = self.agents if agents is None else agents
+        return "\n".join(f"--- {heading(a)}:\n{a.output()[-chars:]}" for a in chosen)
 
     def __enter__(self) -> Fleet:
         return self
