@@ -11,10 +11,12 @@ from datetime import datetime
 
 import httpx
 from fastapi import FastAPI
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.api import schemas
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
@@ -32,6 +34,10 @@ def _app(make_settings: Callable[..., Settings]) -> FastAPI:
 async def _scans(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
         return int((await conn.execute(text("SELECT count(*) FROM scan_reports"))).scalar_one())
+
+
+def _aliases(model: type[schemas.Wire]) -> frozenset[str]:
+    return frozenset(field.alias or name for name, field in model.model_fields.items())
 
 
 async def _beat(api: httpx.AsyncClient, agent: str) -> None:
@@ -61,6 +67,10 @@ async def test_streams_page_by_stream_and_never_split_a_streams_groups(
         assert "link" not in rest.headers
         # Every figure says when the scan measured it.
         assert all(datetime.fromisoformat(r["asOf"]) for r in rows)
+        # PostgreSQL builds the body: it holds the schema's fields, each of the schema's type.
+        TypeAdapter(list[schemas.GroupView]).validate_json(first.content, strict=True)
+        assert {frozenset(r) for r in rows} == {_aliases(schemas.GroupView)}
+        assert first.headers["content-type"] == "application/json"
         assert (await api.get("/api/streams", params={"limit": 1001})).status_code == 422
 
 
@@ -78,6 +88,7 @@ async def test_a_group_lists_ten_consumers_holding_most_and_counts_them_all(
         assert (group["consumerCount"], group["pending"]) == (15, 55)
         assert [c["name"] for c in group["consumers"]] == [f"live-{n}" for n in range(10, 0, -1)]
         assert {c["agentId"] for c in group["consumers"]} == {"live"}
+        assert {frozenset(c) for c in group["consumers"]} == {_aliases(schemas.ConsumerView)}
         assert group["consumersDown"] == 0
 
 

@@ -81,6 +81,16 @@ async def streams(rt: Runtime, *, after: str | None, limit: int = STREAMS_PAGE) 
     )
 
 
+async def streams_json(
+    rt: Runtime, *, after: str | None, limit: int = STREAMS_PAGE
+) -> measurements.StreamsPage:
+    """`streams` as the API sends it: the JSON built by PostgreSQL."""
+    await fresh(rt)
+    return await measurements.streams_page_json(
+        rt.engine, tenant=rt.settings.tenant, after=after, limit=limit
+    )
+
+
 async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
     now, _ = await fresh(rt)
     tenant = rt.settings.tenant

@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 
 from rig_conductor import domain, roles
-from rig_conductor.adapters.postgres.measurements import Measured
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, caller, require, runtime
 from rig_conductor.operations import measured, views
@@ -89,44 +88,32 @@ def _agent_view(agent: views.AgentRow) -> schemas.AgentView:
     )
 
 
-@router.get("/streams", response_model=list[schemas.GroupView], response_model_by_alias=True)
+@router.get(
+    "/streams",
+    response_model=list[schemas.GroupView],
+    response_model_by_alias=True,
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}}}},
+)
 async def list_streams(
     rt: Annotated[Runtime, Depends(runtime)],
     request: Request,
-    response: Response,
     limit: Annotated[
         int, Query(ge=1, le=views.MAX_PAGE, description="streams per page (at most 1,000)")
     ] = measured.STREAMS_PAGE,
     after: After = None,
-) -> list[schemas.GroupView]:
+) -> Response:
     """The groups of a page of streams (by name after `after`), as the last scan measured them
     (`asOf`): pending, oldest pending idle, `consumerCount`, and at most 10 consumers, those
     holding the most first (`GET /api/streams/{stream}/groups/{group}/consumers` lists them
     all). A page that may not be the last carries a `Link: rel="next"` header."""
-    rows = await measured.streams(rt, after=after, limit=limit)
-    if len({m.group.stream for m in rows}) == limit:
-        _link_next(request, response, rows[-1].group.stream)
-    return [_group_view(m) for m in rows]
-
-
-def _group_view(found: Measured) -> schemas.GroupView:
-    group = found.group
-    return schemas.GroupView(
-        stream=group.stream,
-        group=group.group,
-        pending=group.pending,
-        oldest_pending_idle_ms=group.oldest_idle_ms,
-        consumers=[
-            schemas.ConsumerView(
-                name=c.name, pending=c.pending, idle_ms=c.idle_ms, agent_id=c.agent_id
-            )
-            for c in group.top
-        ],
-        consumer_count=group.consumers,
-        consumers_down=group.consumers_down,
-        dead_letters=group.dead_letters,
-        as_of=found.measured_at,
-    )
+    # PostgreSQL builds the body in the `GroupView` shape: at 1,000 groups a page, modelling
+    # them here cost ten times the rest of the request (`measurements._STREAMS_PAGE_JSON`).
+    page = await measured.streams_json(rt, after=after, limit=limit)
+    answer = Response(page.body, media_type="application/json")
+    if page.streams == limit and page.last is not None:
+        _link_next(request, answer, page.last)
+    return answer
 
 
 @router.get(
