@@ -54,6 +54,12 @@ ON CONFLICT (tenant) DO UPDATE
    SET agents_up = EXCLUDED.agents_up, agents_down = EXCLUDED.agents_down,
        agents_degraded = EXCLUDED.agents_degraded, measured_at = EXCLUDED.measured_at
 """)
+# The streams of a page: `limit` of them after `after`, by name.
+_PAGE = """WITH page AS (
+    SELECT DISTINCT stream FROM group_measurements
+     WHERE tenant = :tenant AND (CAST(:after AS text) IS NULL OR stream > :after)
+     ORDER BY stream LIMIT :limit
+)"""
 _COLUMNS = (
     "stream, group_name, pending, consumers, consumers_down, held_by_down, oldest_idle_ms, "
     "dead_letters, top, measured_at"
@@ -92,11 +98,7 @@ async def streams_page(
     """The groups of the first `limit` streams after `after` (by name), in stream and group
     order: a page never cuts a stream's groups in two."""
     query = text(f"""
-        WITH page AS (
-            SELECT DISTINCT stream FROM group_measurements
-             WHERE tenant = :tenant AND (CAST(:after AS text) IS NULL OR stream > :after)
-             ORDER BY stream LIMIT :limit
-        )
+        {_PAGE}
         SELECT {_COLUMNS} FROM group_measurements JOIN page USING (stream)
          WHERE tenant = :tenant ORDER BY stream, group_name
     """)
@@ -116,12 +118,8 @@ class StreamsPage:
 # stored in the wire shape of its consumers). A page of 100 streams is 1,000 groups and 10,000
 # consumers, 1.2 MB: built here, 16 ms (server time, median, bench/scale.py); decoding `top`,
 # modelling the page and encoding it again in Python took 121-132 ms.
-_STREAMS_PAGE_JSON = text("""
-    WITH page AS (
-        SELECT DISTINCT stream FROM group_measurements
-         WHERE tenant = :tenant AND (CAST(:after AS text) IS NULL OR stream > :after)
-         ORDER BY stream LIMIT :limit
-    )
+_STREAMS_PAGE_JSON = text(f"""
+    {_PAGE}
     SELECT COALESCE(json_agg(json_build_object(
                'stream', m.stream, 'group', m.group_name, 'pending', m.pending,
                'oldestPendingIdleMs', m.oldest_idle_ms, 'consumers', m.top,
