@@ -71,6 +71,9 @@ async def test_streams_page_by_stream_and_never_split_a_streams_groups(
         TypeAdapter(list[schemas.GroupView]).validate_json(first.content, strict=True)
         assert {frozenset(r) for r in rows} == {_aliases(schemas.GroupView)}
         assert first.headers["content-type"] == "application/json"
+        documented = (await api.get("/openapi.json")).json()["paths"]["/api/streams"]["get"]
+        schema = documented["responses"]["200"]["content"]["application/json"]["schema"]
+        assert schema["items"] == {"$ref": "#/components/schemas/GroupView"}
         assert (await api.get("/api/streams", params={"limit": 1001})).status_code == 422
 
 
