@@ -136,6 +136,7 @@ async def test_a_degraded_owner_loses_its_entries_to_healthy_consumers(
 async def test_no_healthy_target_holds_the_entries(
     redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
+    settings = settings.model_copy(update={"entry_deadline_ms": 3_000})  # past the grace only
     await fill(redis, S, G, 3)
     await read(redis, S, G, CODEX, 3)
     await register(redis, S, G, CLAUDE)
