@@ -6,6 +6,7 @@ Plain data only. No I/O, no clock: adapters build these, policy reads them.
 from __future__ import annotations
 
 import enum
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -211,6 +212,49 @@ class Progress:
 
     fresh: frozenset[EntryId] = frozenset()
     stale: frozenset[EntryId] = frozenset()
+
+
+class StagedOutput(NamedTuple):
+    """One file an attempt staged: written at `staged`, published by renaming it onto `path`.
+    An accepted completion records its outputs; they are published exactly once (WORK_PUBLISHED)."""
+
+    staged: str
+    path: str
+
+
+# `entry.stage(path)`: the file is written beside its final path, hidden and named after the entry
+# and attempt, `.<name>.<entryId>.a<attempt>.tmp`, so the rename that publishes it stays on one
+# filesystem and two attempts never share a temporary file. The name is cut to keep the whole
+# under the usual 255-byte limit.
+STAGED_NAME_MAX = 200
+_STAGED_SUFFIX = re.compile(r"\.([0-9]{1,20}-[0-9]{1,20})\.a([0-9]{1,9})\.tmp")
+
+
+def staged_path(path: str, *, entry_id: str, attempt: int) -> str:
+    """Where attempt `attempt` of `entry_id` stages the file it publishes at `path`."""
+    directory, base = posixpath.split(path)
+    return posixpath.join(directory, f".{base[:STAGED_NAME_MAX]}.{entry_id}.a{attempt}.tmp")
+
+
+def staged_output(staged: str, path: str, *, attempt: int) -> StagedOutput:
+    """`(staged, path)` as a recorded output of attempt `attempt`; ValueError saying why not.
+
+    A publish renames `staged` onto `path`, so both are checked before anything is renamed:
+    `path` absolute and normalised, naming a file; `staged` the temporary `staged_path` gives
+    it for that attempt (of any entry: a dispatch appended again after Redis lost its data is
+    finished under a new entry id), so a rename only ever moves a staging temporary.
+    """
+    if "\x00" in staged + path or not posixpath.isabs(path) or posixpath.normpath(path) != path:
+        raise ValueError(f"path {path!r} is not absolute and normalised")
+    directory, base = posixpath.split(path)
+    if not base:
+        raise ValueError(f"path {path!r} names no file")
+    prefix = posixpath.join(directory, f".{base[:STAGED_NAME_MAX]}")
+    suffix = _STAGED_SUFFIX.fullmatch(staged[len(prefix) :]) if staged.startswith(prefix) else None
+    if suffix is None or int(suffix.group(2)) != attempt:
+        expected = staged_path(path, entry_id="<entryId>", attempt=attempt)
+        raise ValueError(f"staged file {staged!r} is not {expected!r}")
+    return StagedOutput(staged, path)
 
 
 class NotLeading(Exception):

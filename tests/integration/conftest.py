@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -12,8 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.settings import Settings
 from tests import redis_kit
+from tests.topologies.servers import REDIS_SERVER, free_ports, require_binaries
 
 from .console_kit import builder, client_of
+from .restartable import RestartableRedis
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -51,3 +55,16 @@ async def console(build: Callable[..., FastAPI]) -> AsyncIterator[httpx.AsyncCli
     """A client of `build()`'s app over ASGI, its lifespan running; not signed in."""
     async for client in client_of(build()):
         yield client
+
+
+@pytest.fixture
+def restartable_redis() -> Iterator[RestartableRedis]:
+    """A redis-server of the test's own, without persistence, that the test may restart empty."""
+    require_binaries(REDIS_SERVER)
+    with tempfile.TemporaryDirectory(prefix="rig-redis-restart-") as directory:
+        (port,) = free_ports(1)
+        redis = RestartableRedis(port, Path(directory))
+        try:
+            yield redis.start()
+        finally:
+            redis.stop()

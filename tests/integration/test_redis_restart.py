@@ -7,15 +7,11 @@ create their vanished group again and read on. Nothing is mocked."""
 from __future__ import annotations
 
 import contextlib
-import tempfile
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,65 +27,15 @@ from tests.e2e.fleet import (
     effects,
     pending,
 )
-from tests.topologies.servers import (
-    REDIS_SERVER,
-    Server,
-    client,
-    free_ports,
-    redis_args,
-    require_binaries,
-    wait_until,
-)
 
 from .helpers import serve, wait_for
+from .restartable import RestartableRedis
 
 # A fleet on a loaded two-core machine, a Redis restart and the agents' backoff: minutes, not
 # seconds, at worst.
 pytestmark = pytest.mark.timeout(300)
 WITHIN = 90.0
 ISSUES = [f"rc-{i}" for i in range(8)]  # rc-0: the victim's, rc-1: the holder's
-
-
-@dataclass
-class PrivateRedis:
-    """One redis-server of the test's own, without persistence: a restart starts it empty."""
-
-    port: int
-    directory: Path
-    server: Server | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> PrivateRedis:
-        self.server = Server(self.port, self.directory, redis_args(self.port)).start()
-        wait_until(lambda: client(self.port).ping(), what=f"redis-server on {self.port}")
-        return self
-
-    def restart_empty(self) -> None:
-        """SHUTDOWN NOSAVE, then the same server again on the same port: nothing survives."""
-        assert self.server is not None and self.server.process is not None
-        with contextlib.suppress(RedisConnectionError):
-            client(self.port).shutdown(nosave=True)
-        self.server.process.wait(timeout=30)
-        self.start()
-
-    def stop(self) -> None:
-        if self.server is not None:
-            self.server.kill()
-
-
-@pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    require_binaries(REDIS_SERVER)
-    with tempfile.TemporaryDirectory(prefix="rig-redis-restart-") as directory:
-        (port,) = free_ports(1)
-        redis = PrivateRedis(port, Path(directory))
-        try:
-            yield redis.start()
-        finally:
-            redis.stop()
 
 
 async def entry_of(engine: AsyncEngine, issue: str) -> str:
@@ -132,21 +78,21 @@ async def fenced_completions(engine: AsyncEngine, entry_id: str) -> list[str]:
 
 
 async def test_redis_restarted_empty_loses_no_issue_and_commits_none_twice(
-    private_redis: PrivateRedis, database_url: str, engine: AsyncEngine, tmp_path: Path
+    restartable_redis: RestartableRedis, database_url: str, engine: AsyncEngine, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     victim_hold, holder_hold = tmp_path / "victim.hold", tmp_path / "holder.hold"
     victim_hold.touch()
     holder_hold.touch()
     env = conductor_env(["builder"])
-    redis = Redis.from_url(private_redis.url, decode_responses=True)
+    redis = Redis.from_url(restartable_redis.url, decode_responses=True)
     async with (
         contextlib.aclosing(redis),
-        serve(private_redis.url, database_url, **env) as conductor,
+        serve(restartable_redis.url, database_url, **env) as conductor,
         httpx.AsyncClient(base_url=conductor.url) as api,
     ):
         with Fleet(
-            private_redis.url, conductor.url, tmp_path, env={"E2E_OUT_DIR": str(out)}
+            restartable_redis.url, conductor.url, tmp_path, env={"E2E_OUT_DIR": str(out)}
         ) as fleet:
 
             async def epoch_remembered() -> bool:
@@ -177,7 +123,7 @@ async def test_redis_restarted_empty_loses_no_issue_and_commits_none_twice(
 
             # The victim dies with rc-0 started; then Redis restarts with nothing.
             victim.kill()
-            private_redis.restart_empty()
+            restartable_redis.restart_empty()
 
             # The next scan appends the unfinished dispatches again and fences the lost
             # entries off; the holder's late completion is refused.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from rig_conductor.agent import staging
 from rig_conductor.agent.entry import Entry
 from rig_conductor.agent.staging import Committed, StagedFile, Staging
+from rig_conductor.domain import StagedOutput
 
 
 def test_the_temporary_name_carries_entry_and_attempt_in_the_same_directory(
@@ -113,27 +113,37 @@ def test_leftovers_of_other_attempts_of_the_entry_are_removed(tmp_path: Path) ->
     assert staging.remove_leftovers([accepted], entry_id="1-0", keep_attempt=3) == 0
 
 
-def test_the_intent_round_trips_through_its_text_form(tmp_path: Path) -> None:
+def test_the_outputs_round_trip_through_their_wire_form(tmp_path: Path) -> None:
     files = (_staged(tmp_path, "a b.txt", "x"), _staged(tmp_path, "ü.txt", "y"))
-    assert staging.decode(staging.encode(files), entry_id="1-0", attempt=1) == files
+    assert staging.from_outputs(staging.outputs(files), attempt=1) == files
 
 
 @pytest.mark.parametrize(
     "pairs",
     [
-        [["/etc/.passwd.1-0.a1.tmp", "/etc/passwd"], ["/tmp/victim", "/tmp/x"]],
-        [["/srv/.out.1-0.a2.tmp", "/srv/out"]],  # another attempt's temporary
-        [["/srv/.out.9-0.a1.tmp", "/srv/out"]],  # another entry's
-        [["/srv/a/../.out.1-0.a1.tmp", "/srv/a/../out"]],
-        [[".out.1-0.a1.tmp", "out"]],
-        [["/srv/.out.1-0.a1.tmp", "/srv/out", "/x"]],
-        [["/srv/\u0000.1-0.a1.tmp", "/srv/\u0000"]],
-        [["/.1-0.a1.tmp", "/"]],
-        {"a": "b"},
-        [[1, 2]],
+        [("/etc/.passwd.1-0.a1.tmp", "/etc/passwd"), ("/tmp/victim", "/tmp/x")],
+        [("/srv/.out.1-0.a2.tmp", "/srv/out")],  # another attempt's temporary
+        [("/srv/a/../.out.1-0.a1.tmp", "/srv/a/../out")],
+        [(".out.1-0.a1.tmp", "out")],
+        [("/srv/\u0000.1-0.a1.tmp", "/srv/\u0000")],
+        [("/.1-0.a1.tmp", "/")],
+        [("/srv/other/.out.1-0.a1.tmp", "/srv/out")],  # not beside its path
+        [("/srv/.out.x-0.a1.tmp", "/srv/out")],  # not an entry id
     ],
 )
-def test_an_intent_the_runtime_did_not_write_is_refused(pairs: object) -> None:
+def test_outputs_the_runtime_did_not_stage_are_refused(pairs: list[tuple[str, str]]) -> None:
+    """Recorded outputs steer a rename: each must be a staging temporary of its own path for
+    the accepted attempt, or nothing is renamed."""
+    recorded = [StagedOutput(staged, path) for staged, path in pairs]
     with pytest.raises(ValueError):
-        staging.decode(json.dumps(pairs), entry_id="1-0", attempt=1)
-    assert staging.intent_key("rig:dispatch", "1-0") == "rig:staged:rig:dispatch:1-0"
+        staging.from_outputs(recorded, attempt=1)
+
+
+def test_outputs_carried_to_a_new_entry_are_accepted(tmp_path: Path) -> None:
+    """After Redis lost its data the dispatch lives on as a new entry: the accepted attempt's
+    temporaries keep the old entry's id, and are still its own."""
+    final = tmp_path / "out.txt"
+    old = staging.temp_path(final, entry_id="1700000000000-0", attempt=2)
+    assert staging.from_outputs([StagedOutput(str(old), str(final))], attempt=2) == (
+        StagedFile(old, final),
+    )

@@ -62,8 +62,11 @@ class Scene:
             pods={ConsumerName(c): state for c, state in self.pods.items()},
         )
 
-    def plan(self, *entries: tuple[str, int, int]) -> reclaim.ReclaimPlan:
-        """entries: (owner consumer, idle ms, deliveries)."""
+    def plan(
+        self, *entries: tuple[str, int, int], finished: frozenset[EntryId] = frozenset()
+    ) -> reclaim.ReclaimPlan:
+        """entries: (owner consumer, idle ms, deliveries); ids 1-0, 2-0, ... in that order.
+        `finished`: entries whose accepted outputs are not published yet."""
         pending = [
             PendingEntry(EntryId(f"{i}-0"), ConsumerName(c), idle, n)
             for i, (c, idle, n) in enumerate(entries, start=1)
@@ -77,7 +80,8 @@ class Scene:
                 ConsumerInfo(ConsumerName(c), counts[c], idle) for c, idle in self.consumers.items()
             ),
         )
-        assessment = reclaim.assess_group(group, Fleet(self.evidence(), self.limits))
+        fleet = Fleet(self.evidence(), self.limits)
+        assessment = reclaim.assess_group(group, fleet, finished=finished)
         return reclaim_kit.plan_reclaims(assessment, pending)
 
 
@@ -259,6 +263,27 @@ def test_dead_letters_at_max_deliveries(deliveries: int, has_target: bool, expec
     consumers = {"a-0": 10, "b-0": 10} if has_target else {"a-0": 10}
     scene = Scene(agents={"a": STALE_S, "b": FRESH_S}, consumers=consumers)
     assert outcome(scene.plan(("a-0", STALE_MS, deliveries))) == expected
+
+
+@pytest.mark.parametrize(
+    ("deliveries", "has_target", "expected"),
+    [
+        (4, True, "move->b-0"),
+        (5, True, "move->b-0"),
+        (9, True, "move->b-0"),
+        (9, False, "no-target"),
+    ],
+)
+def test_an_entry_with_outputs_to_publish_is_moved_never_dead_lettered(
+    deliveries: int, has_target: bool, expected: str
+) -> None:
+    """Its completion was accepted; its holder died before renaming the staged files. A dead
+    letter would lose the publish (and a requeue would run it twice): it moves, however often
+    it was delivered, and the next holder publishes and acks it."""
+    consumers = {"a-0": 10, "b-0": 10} if has_target else {"a-0": 10}
+    scene = Scene(agents={"a": STALE_S, "b": FRESH_S}, consumers=consumers)
+    plan = scene.plan(("a-0", STALE_MS, deliveries), finished=frozenset({EntryId("1-0")}))
+    assert outcome(plan) == expected
 
 
 def test_plan_sorts_a_mixed_pending_list() -> None:

@@ -39,3 +39,33 @@ async def holders(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> 
             return set()
         raise
     return {ConsumerName(name if isinstance(name, str) else name.decode()) for name in found}
+
+
+async def held_in_group(
+    client: AnyRedis, *, stream: StreamKey, group: str, entry_id: EntryId
+) -> tuple[ConsumerName, int] | None:
+    """The consumer holding `entry_id` in `group`'s pending list, and its delivery count; None
+    when nobody does (or the stream or group does not exist). One XPENDING, whatever the
+    number of groups."""
+    try:
+        found = await client.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+    except ResponseError as exc:
+        if "NOGROUP" in str(exc) or "WRONGTYPE" in str(exc):
+            return None
+        raise
+    if not found:
+        return None
+    consumer = found[0]["consumer"]
+    name = consumer.decode() if isinstance(consumer, bytes) else str(consumer)
+    return ConsumerName(name), int(found[0]["times_delivered"])
+
+
+async def entry_exists(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> bool:
+    """Whether `stream` still holds `entry_id` (not trimmed, not deleted)."""
+    try:
+        found = await client.xrange(stream, min=entry_id, max=entry_id, count=1)
+    except ResponseError as exc:
+        if "WRONGTYPE" in str(exc):
+            return False
+        raise
+    return bool(found)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from rig_conductor.agent.token_file import TokenFile
+from rig_conductor.domain import StagedOutput
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +57,27 @@ class Accepted:
 
 @dataclass(frozen=True, slots=True)
 class FencedAnswer:
-    """A 409: the entry is already `done`, or a newer attempt (`attempt`) owns it."""
+    """A 409: the entry is already `done`, or a newer attempt (`attempt`) owns it, or the
+    report was refused. A done entry's `outputs` are the accepted attempt's staged files that
+    are not published yet: the holder that asked publishes them."""
 
     attempt: int
     state: str
     detail: str
+    outputs: tuple[StagedOutput, ...] = ()
 
     @property
     def done(self) -> bool:
         return self.state == "done"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    """A 201 to DEAD_LETTER: the conductor copied the entry to `dlq_stream` and acked it."""
+
+    dlq_stream: str
+    dlq_id: str
+    deliveries: int
 
 
 class ConductorClient:
@@ -80,6 +93,7 @@ class ConductorClient:
         base_url: str,
         agent_id: str,
         consumer: str,
+        group: str | None = None,
         token: str | None = None,
         token_file: TokenFile | None = None,
         timeout_s: float = 10.0,
@@ -90,6 +104,7 @@ class ConductorClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.agent_id = agent_id
         self.consumer = consumer
+        self.group = group
         self._token_file = token_file
         self._http = httpx.AsyncClient(
             base_url=base_url, headers=headers, timeout=timeout_s, transport=transport
@@ -119,10 +134,14 @@ class ConductorClient:
         entry_id: str,
         issue_id: str | None,
         attempt: int,
+        outputs: Sequence[StagedOutput] = (),
         until: asyncio.Event | None = None,
     ) -> Accepted | FencedAnswer:
-        """Retries until the conductor answers, or until `until` is set (then one last try)."""
+        """Retries until the conductor answers, or until `until` is set (then one last try).
+        `outputs`: the files the attempt staged, recorded with the completion."""
         body = self._work("WORK_COMPLETED", stream, entry_id, issue_id, attempt=attempt)
+        if outputs:
+            body["outputs"] = [{"staged": o.staged, "path": o.path} for o in outputs]
         answer = await self._post(body, tries=None, until=until)
         fenced = _fenced(answer)
         if fenced:
@@ -144,6 +163,41 @@ class ConductorClient:
         body["error"] = error[:4096]
         await self._post(body, tries=3)
 
+    async def work_published(
+        self,
+        *,
+        stream: str,
+        entry_id: str,
+        issue_id: str | None,
+        attempt: int,
+        missing: Sequence[str] = (),
+        until: asyncio.Event | None = None,
+    ) -> Accepted | FencedAnswer:
+        """The accepted attempt's outputs are renamed onto their paths (or, `missing`, found
+        nowhere). Retries like WORK_COMPLETED: until it is recorded the entry is not acked."""
+        body = self._work("WORK_PUBLISHED", stream, entry_id, issue_id, attempt=attempt)
+        if missing:
+            body["missing"] = list(missing)
+        answer = await self._post(body, tries=None, until=until)
+        fenced = _fenced(answer)
+        if fenced:
+            return fenced
+        data = answer.json()
+        return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+
+    async def dead_letter(
+        self, *, stream: str, entry_id: str, issue_id: str | None, reason: str
+    ) -> DeadLettered | FencedAnswer:
+        """Ask the conductor to dead-letter an entry this consumer holds (agents never write
+        the dead-letter stream). A 409: the entry is done (publish, then ack) or refused."""
+        body = self._work("DEAD_LETTER", stream, entry_id, issue_id, reason=reason)
+        answer = await self._post(body, tries=3)
+        fenced = _fenced(answer)
+        if fenced:
+            return fenced
+        data = answer.json()
+        return DeadLettered(str(data["dlqStream"]), str(data["dlqId"]), int(data["deliveries"]))
+
     def _work(
         self, kind: str, stream: str, entry_id: str, issue_id: str | None, **extra: Any
     ) -> dict[str, Any]:
@@ -154,6 +208,8 @@ class ConductorClient:
             "entryId": entry_id,
             **extra,
         }
+        if self.group is not None:
+            body["group"] = self.group
         if issue_id:
             body["issueId"] = issue_id
         return body
@@ -256,7 +312,14 @@ def _fenced(answer: httpx.Response) -> FencedAnswer | None:
     if answer.status_code != 409:
         return None
     data = answer.json()
-    return FencedAnswer(int(data["attempt"]), str(data["state"]), str(data.get("detail", "")))
+    outputs = tuple(
+        StagedOutput(str(item["staged"]), str(item["path"]))
+        for item in data.get("outputs") or ()
+        if isinstance(item, dict) and "staged" in item and "path" in item
+    )
+    return FencedAnswer(
+        int(data["attempt"]), str(data["state"]), str(data.get("detail", "")), outputs
+    )
 
 
 def _detail(answer: httpx.Response) -> str:

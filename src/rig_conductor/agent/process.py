@@ -47,6 +47,7 @@ async def run_agent(
         base_url=settings.conductor_url,
         agent_id=agent_id,
         consumer=name,
+        group=group,
         token=settings.token,
         token_file=token_file,
     )

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from redis.exceptions import RedisError, ResponseError
 
 from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.agent import staging
+from rig_conductor.agent import settle, staging
 from rig_conductor.agent.conductor import (
     ConductorClient,
     ConductorRejected,
@@ -398,26 +398,21 @@ class Agent:
             return "skipped: no longer pending for this consumer", None
         verdict = triage(fields, deliveries=deliveries, max_deliveries=self.settings.max_deliveries)
         if verdict != "handle":
-            return await self._settler.dead_letter(entry_id, issue, verdict, deliveries)
+            outcome, attempt = await self._settler.dead_letter(entry_id, issue, verdict)
+            if settle.REOPENED not in outcome:
+                return outcome, attempt
+            # The accepted outputs were lost: the completion is void, and this consumer holds
+            # the attempt reserved to run it again, however often it was delivered.
+            return await self._run(entry_id, dict(fields), issue, reopened=outcome)
         return await self._run(entry_id, dict(fields), issue)
 
     async def _run(
-        self, entry_id: str, fields: dict[str, str], issue: str | None
+        self, entry_id: str, fields: dict[str, str], issue: str | None, reopened: str = ""
     ) -> tuple[str, int | None]:
-        try:
-            answer = await self._conductor.work_started(
-                stream=self.stream, entry_id=entry_id, issue_id=issue
-            )
-        except ConductorUnavailable as exc:
-            self._conductor_down = True
-            return f"left pending: conductor unreachable for WORK_STARTED ({exc})", None
-        except ConductorRejected as exc:
-            return f"left pending: WORK_STARTED rejected ({exc})", None
-        if isinstance(answer, FencedAnswer):
-            if answer.done:
-                return await self._settler.recover(entry_id, answer.attempt), answer.attempt
-            return f"{answer.detail} (attempt {answer.attempt}, {answer.state}); not acked", None
-        attempt = answer.attempt
+        started = await self._start(entry_id, issue, reopened)
+        if isinstance(started, tuple):
+            return started
+        attempt = started
         area = staging.Staging(entry_id=entry_id, attempt=attempt)
         progress = self._reporter(entry_id, issue, attempt)
         entry = Entry(
@@ -448,6 +443,31 @@ class Agent:
             with contextlib.suppress(ConductorUnavailable, ConductorRejected):
                 await self._beat()  # the conductor's grace period starts now, not a beat later
         return f"failed, left pending: {error.splitlines()[0] if error else ''}", attempt
+
+    async def _start(
+        self, entry_id: str, issue: str | None, reopened: str
+    ) -> int | tuple[str, int | None]:
+        """WORK_STARTED: the attempt to run, or what became of the entry when there is none (a
+        done entry is published and acked here; one whose outputs were lost runs again)."""
+        try:
+            answer = await self._conductor.work_started(
+                stream=self.stream, entry_id=entry_id, issue_id=issue
+            )
+        except ConductorUnavailable as exc:
+            self._conductor_down = True
+            return f"left pending: conductor unreachable for WORK_STARTED ({exc})", None
+        except ConductorRejected as exc:
+            return f"left pending: WORK_STARTED rejected ({exc})", None
+        if isinstance(answer, FencedAnswer):
+            if answer.done and not reopened:
+                outcome = await self._settler.recover(entry_id, issue, answer)
+                if settle.REOPENED in outcome:
+                    return await self._start(entry_id, issue, reopened=outcome)
+                return outcome, answer.attempt
+            return f"{answer.detail} (attempt {answer.attempt}, {answer.state}); not acked", None
+        if reopened:
+            logger.warning("Entry %s runs again: %s", entry_id, reopened)
+        return answer.attempt
 
     def _after_failure(self, entry_id: str, result: HandlerResult) -> str:
         """Remember what a failed call means for what comes next; the error text to report."""

@@ -1,31 +1,29 @@
 """Staged file writes: a handler writes beside the final path, the runtime renames on acceptance.
 
-The rename happens only after the conductor has accepted the attempt's WORK_COMPLETED, and the
-intent (which temporary file goes where) is recorded in Redis before asking, so whichever
-runtime sees the entry next can finish a commit that a crash interrupted. Committing is
-idempotent; nothing here decides whether to commit: the runtime does.
+The rename happens only after the conductor has accepted the attempt's WORK_COMPLETED, which
+carries the staged files: the conductor records them in the transaction that accepts the
+completion, so whoever holds the entry next (or is handed it again after Redis lost its data)
+is told what to publish and finishes a publish that a crash interrupted. Publishing is
+idempotent; nothing here decides whether to publish: the runtime does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor import domain
 
 logger = logging.getLogger(__name__)
 
-# An intent nobody finished (the entry was dead-lettered, say) must not stay forever.
-INTENT_TTL_S = 7 * 24 * 3600
-_MAX_NAME = 200  # keep `.<name>.<entry id>.a<attempt>.tmp` under the usual 255-byte limit
+_MAX_NAME = domain.STAGED_NAME_MAX
 
 
 class StagedFile(NamedTuple):
@@ -34,12 +32,12 @@ class StagedFile(NamedTuple):
 
 
 def temp_path(final: Path, *, entry_id: str, attempt: int) -> Path:
-    """`.<name>.<entryId>.a<attempt>.tmp` in the final path's directory.
+    """`.<name>.<entryId>.a<attempt>.tmp` in the final path's directory (`domain.staged_path`).
 
     Same directory, so the rename stays on one filesystem and is atomic. Hidden, and named
     after the entry and attempt, so two attempts never share a temporary file.
     """
-    return final.with_name(f".{final.name[:_MAX_NAME]}.{entry_id}.a{attempt}.tmp")
+    return Path(domain.staged_path(str(final), entry_id=entry_id, attempt=attempt))
 
 
 class Staging:
@@ -78,6 +76,8 @@ class Committed:
     renamed: int = 0
     already: int = 0  # an earlier commit (maybe by another runtime) renamed it
     missing: int = 0  # neither the temporary nor the final file exists: nothing to commit
+    # The final paths of the missing ones (WORK_PUBLISHED reports them).
+    lost: tuple[str, ...] = field(default=(), compare=False)
 
 
 def flush(files: Iterable[StagedFile]) -> None:
@@ -92,7 +92,8 @@ def commit(files: Sequence[StagedFile]) -> Committed:
 
     A temporary file that is gone while its final file exists was committed before.
     """
-    renamed = already = missing = 0
+    renamed = already = 0
+    lost: list[str] = []
     directories: set[Path] = set()
     for item in files:
         try:
@@ -101,14 +102,14 @@ def commit(files: Sequence[StagedFile]) -> Committed:
             if item.final.exists():
                 already += 1
             else:
-                missing += 1
+                lost.append(str(item.final))
                 logger.warning("Staged file %s is gone and %s does not exist", item.tmp, item.final)
             continue
         renamed += 1
         directories.add(item.final.parent)
     for directory in directories:
         _fsync_directory(directory)
-    return Committed(renamed, already, missing)
+    return Committed(renamed, already, len(lost), tuple(lost))
 
 
 def discard(files: Iterable[StagedFile]) -> int:
@@ -124,9 +125,10 @@ def discard(files: Iterable[StagedFile]) -> int:
 def remove_leftovers(files: Iterable[StagedFile], *, entry_id: str, keep_attempt: int) -> int:
     """Remove other attempts' temporary files for the same final paths of the same entry.
 
-    An attempt killed while its handler ran recorded no intent, so nothing names its temporary
-    files; once the entry is done they can never be committed. They sit beside the final paths
-    the accepted attempt staged (handlers usually write the same paths every attempt).
+    An attempt killed while its handler ran never reported its outputs, so nothing names its
+    temporary files; once the entry is done they can never be published. They sit beside the
+    final paths the accepted attempt staged (handlers usually write the same paths every
+    attempt).
     """
     removed = 0
     for item in files:
@@ -152,75 +154,18 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def encode(files: Sequence[StagedFile]) -> str:
-    return json.dumps([[str(item.tmp), str(item.final)] for item in files])
+def outputs(files: Iterable[StagedFile]) -> tuple[domain.StagedOutput, ...]:
+    """The staged files as WORK_COMPLETED reports them."""
+    return tuple(domain.StagedOutput(str(item.tmp), str(item.final)) for item in files)
 
 
-def decode(text: str, *, entry_id: str, attempt: int) -> tuple[StagedFile, ...]:
-    """An intent as `encode` wrote it for this entry and attempt; ValueError for anything else.
-
-    Whoever may write `rig:staged:*` must not steer a rename or an unlink: every pair must be
-    exactly what `Staging.stage` records, an absolute, normalised final path and the
-    temporary name `temp_path` gives it for this entry and attempt, so the only files a
-    commit or a discard touches are this attempt's own temporaries and the paths they were
-    staged for.
-    """
-    pairs = json.loads(text)
-    if not isinstance(pairs, list):
-        raise ValueError("not a list of [temporary, final] pairs")
-    return tuple(_checked(pair, entry_id=entry_id, attempt=attempt) for pair in pairs)
-
-
-def _checked(pair: object, *, entry_id: str, attempt: int) -> StagedFile:
-    if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)):
-        raise ValueError(f"not a [temporary, final] pair: {pair!r}")
-    tmp, final = pair
-    if "\x00" in tmp + final or not os.path.isabs(final) or os.path.normpath(final) != final:
-        raise ValueError(f"final path {final!r} is not absolute and normalised")
-    final_path = Path(final)
-    if not final_path.name:
-        raise ValueError(f"final path {final!r} names no file")
-    expected = temp_path(final_path, entry_id=entry_id, attempt=attempt)
-    if tmp != str(expected):
-        raise ValueError(f"temporary path {tmp!r} is not {str(expected)!r}")
-    return StagedFile(expected, final_path)
-
-
-def intent_key(stream: str, entry_id: str) -> str:
-    return f"rig:staged:{stream}:{entry_id}"
-
-
-async def record_intent(
-    client: AnyRedis, *, stream: str, entry_id: str, attempt: int, files: Sequence[StagedFile]
-) -> None:
-    """Record, before WORK_COMPLETED is sent, which files this attempt commits on acceptance."""
-    key = intent_key(stream, entry_id)
-    async with client.pipeline(transaction=True) as pipe:
-        pipe.hset(key, str(attempt), encode(files))
-        pipe.expire(key, INTENT_TTL_S)
-        await pipe.execute()
-
-
-async def load_intents(
-    client: AnyRedis, *, stream: str, entry_id: str
-) -> dict[int, tuple[StagedFile, ...]]:
-    """Every attempt's recorded intent for the entry, by attempt number."""
-    # decode_responses=True (redis_client.connect): fields and values are str.
-    raw = cast("Mapping[str, str]", await client.hgetall(intent_key(stream, entry_id)))
-    intents: dict[int, tuple[StagedFile, ...]] = {}
-    for attempt, text in raw.items():
-        try:
-            number = int(attempt)
-            intents[number] = decode(text, entry_id=entry_id, attempt=number)
-        except (ValueError, TypeError) as exc:
-            # Nothing of it is renamed or unlinked: a path this runtime did not stage is not its.
-            logger.warning("Refused staged intent %s of %s/%s: %s", attempt, stream, entry_id, exc)
-    return intents
-
-
-async def forget_attempt(client: AnyRedis, *, stream: str, entry_id: str, attempt: int) -> None:
-    await client.hdel(intent_key(stream, entry_id), str(attempt))
-
-
-async def forget(client: AnyRedis, *, stream: str, entry_id: str) -> None:
-    await client.delete(intent_key(stream, entry_id))
+def from_outputs(
+    recorded: Iterable[domain.StagedOutput], *, attempt: int
+) -> tuple[StagedFile, ...]:
+    """The outputs the conductor recorded for `attempt`, as files to publish; ValueError when one
+    is not a staging temporary of its path for that attempt (`domain.staged_output`): nothing is
+    renamed then."""
+    return tuple(
+        StagedFile(Path(item.staged), Path(item.path))
+        for item in (domain.staged_output(o.staged, o.path, attempt=attempt) for o in recorded)
+    )

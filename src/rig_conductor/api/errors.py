@@ -47,6 +47,8 @@ _TAGS = {
     "WORK_PROGRESS",
     "WORK_COMPLETED",
     "WORK_FAILED",
+    "WORK_PUBLISHED",
+    "DEAD_LETTER",
 }
 
 

@@ -13,6 +13,7 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 
@@ -81,6 +82,8 @@ class _WorkFields(Wire):
     entry_id: EntryIdField
     # The consumer the report comes from: only the entry's owner may report on it.
     consumer: Name
+    # The group the entry was read in.
+    group: Name | None = None
     issue_id: Text | None = None
     error: Annotated[StrictStr, Field(max_length=4096), AfterValidator(_storable)] | None = None
 
@@ -96,14 +99,71 @@ class WorkStartedEvent(_WorkFields):
 class WorkReportEvent(_WorkFields):
     """From the consumer that owns `attempt`: its start, or the reclaim to it, made it."""
 
-    type: Literal["WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED"]
+    type: Literal["WORK_PROGRESS", "WORK_FAILED"]
     attempt: Attempt
 
 
-WorkEvent = WorkStartedEvent | WorkReportEvent
+Path = Annotated[StrictStr, Field(min_length=1, max_length=4096), AfterValidator(_storable)]
+
+
+class StagedOutputModel(Wire):
+    """A file the attempt staged (`staged`), to be renamed onto `path` once accepted."""
+
+    staged: Path
+    path: Path
+
+
+class WorkCompletedEvent(_WorkFields):
+    """From the consumer that owns `attempt`. `outputs`: the files it staged, recorded with the
+    completion and published (renamed onto their paths) exactly once after it is accepted."""
+
+    type: Literal["WORK_COMPLETED"]
+    attempt: Attempt
+    outputs: Annotated[list[StagedOutputModel], Field(max_length=256)] = []
+
+    @model_validator(mode="after")
+    def _staged_for_this_attempt(self) -> WorkCompletedEvent:
+        for item in self.outputs:
+            expected = domain.staged_path(item.path, entry_id=self.entry_id, attempt=self.attempt)
+            try:
+                domain.staged_output(item.staged, item.path, attempt=self.attempt)
+            except ValueError as exc:
+                raise ValueError(f"outputs: {exc}") from None
+            if item.staged != expected:
+                raise ValueError(f"outputs: staged file {item.staged!r} is not {expected!r}")
+        return self
+
+
+class WorkPublishedEvent(_WorkFields):
+    """The accepted attempt's outputs renamed onto their paths: from that attempt's owner, or from
+    a consumer that holds the entry now. `missing` names paths whose staged file was found
+    nowhere: the completion cannot be published, and the entry runs again."""
+
+    type: Literal["WORK_PUBLISHED"]
+    attempt: Attempt
+    missing: Annotated[list[Path], Field(max_length=256)] = []
+
+
+class DeadLetterEvent(_WorkFields):
+    """An agent asks the conductor to dead-letter an entry it holds in `group`: worn out by
+    deliveries (`max-deliveries`) or gone from the stream (`trimmed`). Agents never write the
+    dead-letter stream themselves."""
+
+    type: Literal["DEAD_LETTER"]
+    group: Name
+    reason: Literal["max-deliveries", "trimmed"]
+
+
+WorkEvent = WorkStartedEvent | WorkReportEvent | WorkCompletedEvent | WorkPublishedEvent
 
 Event = Annotated[
-    HeartbeatEvent | IssueAssignedEvent | WorkStartedEvent | WorkReportEvent,
+    HeartbeatEvent
+    | IssueAssignedEvent
+    | WorkStartedEvent
+    | WorkReportEvent
+    | WorkCompletedEvent
+    | WorkPublishedEvent
+    | DeadLetterEvent,
     Field(discriminator="type"),
 ]
 
@@ -127,10 +187,23 @@ class WorkResult(Wire):
     state: str
 
 
+class DeadLetterResult(Wire):
+    """DEAD_LETTER done: the entry copied to `dlqStream` as `dlqId` and acked."""
+
+    stream: str
+    entry_id: str
+    dlq_stream: str
+    dlq_id: str
+    deliveries: int
+
+
 class Fenced(Wire):
     detail: str
     attempt: int
     state: str
+    # A done entry whose accepted outputs are not published yet: the holder that asked renames
+    # them onto their paths, reports WORK_PUBLISHED, then acks.
+    outputs: list[StagedOutputModel] | None = None
 
 
 class AgentView(Wire):

@@ -140,6 +140,7 @@ async def _plan(
         min_idle_ms=0,
         max_deliveries=rt.settings.max_deliveries,
         worn=evidence.worn.get(stream, {}),
+        finished=evidence.finished.get(stream, frozenset()),
     )
     assessment = reclaim.GroupAssessment(stream, GroupName(group), {rule.owner: rule}, (to,))
     return reclaim.plan_by_hand(assessment, list(held.values()), target=to.consumer)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal, NamedTuple, TypeVar
 
@@ -50,7 +50,9 @@ class OwnerRule:
     when it is idle at least `min_idle_ms` and not in `keep` (its attempt made progress lately).
     A qualifying entry is worn out when its delivery count, or its recorded attempts (`worn`:
     only entries with that many), reached `max_deliveries`. Worn entries are dead-lettered; the
-    others move, to a non-degraded target only when `healthy_only`.
+    others move, to a non-degraded target only when `healthy_only`. An entry whose completion
+    was accepted with outputs not yet published (`finished`) is never worn out: it moves, so
+    that its next holder publishes them and acks it.
     """
 
     owner: ConsumerName
@@ -62,6 +64,7 @@ class OwnerRule:
     healthy_only: bool = False
     keep: frozenset[EntryId] = frozenset()
     due: frozenset[EntryId] = frozenset()
+    finished: frozenset[EntryId] = frozenset()
     # For the event log: why the owner is down, and its newest heartbeat.
     down_reasons: tuple[DownReason, ...] = ()
     last_heartbeat_at: datetime | None = None
@@ -72,8 +75,8 @@ class OwnerRule:
         """The owner's `entries` that move, and those worn out (each with the count that
         decided it); the others stay: fresh, the owner may still be working on them. One pass
         over a page, as the scan reads them."""
-        due, keep, worn = self.due, self.keep, self.worn
-        if not (due or keep or worn):
+        due, keep, worn, finished = self.due, self.keep, self.worn, self.finished
+        if not (due or keep or worn or finished):
             return self._partition_by_count(entries)
         min_idle, max_deliveries = self.min_idle_ms, self.max_deliveries
         move: list[PendingEntry] = []
@@ -82,7 +85,7 @@ class OwnerRule:
             if entry.id not in due and (entry.idle_ms < min_idle or entry.id in keep):
                 continue
             count = max(entry.deliveries, worn.get(entry.id, 0)) if worn else entry.deliveries
-            if count >= max_deliveries:
+            if count >= max_deliveries and entry.id not in finished:
                 dead.append(entry._replace(deliveries=count))
             else:
                 move.append(entry)
@@ -137,9 +140,11 @@ def assess_group(
     *,
     attempts: Mapping[EntryId, int] | None = None,
     progress: Progress | None = None,
+    finished: frozenset[EntryId] = frozenset(),
 ) -> GroupAssessment:
     """Judge every consumer of `group` that holds entries; `attempts`: recorded attempts of
-    entries that have many; `progress`: rule 4b's evidence (None: every entry by idle time)."""
+    entries that have many; `progress`: rule 4b's evidence (None: every entry by idle time);
+    `finished`: entries whose accepted outputs are not published yet (never dead-lettered)."""
     limits = fleet.limits
     worn = {e: n for e, n in (attempts or {}).items() if n >= limits.max_deliveries}
     progress = progress or Progress()
@@ -150,6 +155,8 @@ def assess_group(
         if info.pending
         and (rule := _owner_rule(info.name, fleet, worn, progress if stalls else None))
     ]
+    if finished:
+        owners = [replace(rule, finished=finished) for rule in owners]
     if not owners:  # the common case: nothing to move, no target to rank (a quiet group)
         return GroupAssessment(group.stream, group.name, {}, (), {})
     targets = rank_targets(group, fleet)

@@ -255,6 +255,7 @@ class _Scan:
             self.fleet,
             attempts=self.work_evidence.worn.get(group.stream),
             progress=self.work_evidence.progress.get(group.stream),
+            finished=self.work_evidence.finished.get(group.stream, frozenset()),
         )
 
     async def _load_heartbeats(self, group: GroupInfo) -> None:

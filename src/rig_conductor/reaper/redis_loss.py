@@ -231,7 +231,7 @@ async def _fence_and_append(
         assert marker is not None
         entry_id, appended = EntryId(marker), False
     if not await dispatches.reappended(
-        engine, tenant=settings.tenant, dispatch=dispatch, entry_id=entry_id
+        engine, tenant=settings.tenant, dispatch=dispatch, entry_id=entry_id, carry=fence.carry
     ):
         tally.elsewhere += 1
         return
@@ -242,11 +242,15 @@ async def _fence_and_append(
 def _log_appended(
     dispatch: dispatches.RecentDispatch, entry_id: str, *, appended: bool, fence: dispatches.Fence
 ) -> None:
-    held = (
-        f"; the attempt {fence.consumer} held is fenced off"
-        if fence.consumer and fence.state in ("running", "pending")
-        else ""
-    )
+    if fence.carry is not None:
+        held = (
+            f"; its completion (attempt {fence.carry.attempt}) was accepted and its outputs are "
+            "not published yet: the new entry's holder publishes them"
+        )
+    elif fence.consumer and fence.state in ("running", "pending"):
+        held = f"; the attempt {fence.consumer} held is fenced off"
+    else:
+        held = ""
     logger.warning(
         "Dispatch %s was missing from %s (entry %s, lost with Redis's data); %s as %s%s",
         dispatch.issue_id,

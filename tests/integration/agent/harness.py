@@ -129,6 +129,21 @@ async def work_events(
         return [(r.kind, r.attempt, r.fenced, r.detail) for r in rows]
 
 
+async def published(engine: AsyncEngine, entry_id: str) -> bool | None:
+    """Whether the entry's accepted outputs are published (None: no outputs were recorded)."""
+    async with engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(assignments.c.outputs, assignments.c.published_at).where(
+                    assignments.c.entry_id == entry_id
+                )
+            )
+        ).one()
+    if row.outputs is None:
+        return None if row.published_at is None else True
+    return row.published_at is not None
+
+
 async def group_exists(redis: Redis) -> None:
     with contextlib.suppress(Exception):
         await redis.xgroup_create(S, G, id="0", mkstream=True)

@@ -36,6 +36,8 @@ async def test_a_retried_completion_that_was_accepted_commits_its_files(
         sent.append(json.loads(request.content)["type"])
         if len(sent) == 1:  # recorded as done, then the conductor stopped before answering
             raise httpx.ReadError("connection closed", request=request)
+        if sent[-1] == "WORK_PUBLISHED":
+            return httpx.Response(202, json={"accepted": True, "attempt": 1, "state": "done"})
         return httpx.Response(409, json={"attempt": 1, "state": "done", "detail": "done"})
 
     client = ConductorClient(
@@ -57,7 +59,7 @@ async def test_a_retried_completion_that_was_accepted_commits_its_files(
         outcome = await settler.complete(entry_id, "rc-1", 1, files)
     finally:
         await client.aclose()
-    assert sent == ["WORK_COMPLETED", "WORK_COMPLETED"]
+    assert sent == ["WORK_COMPLETED", "WORK_COMPLETED", "WORK_PUBLISHED"]
     assert outcome.startswith("completed"), outcome
     assert final.read_text() == "effect"
     assert (await redis.xpending(S, G))["pending"] == 0

@@ -43,6 +43,7 @@ from .harness import (
     old_owner,
     pending,
     post,
+    published,
     running,
     work_events,
 )
@@ -107,8 +108,12 @@ async def test_an_entry_is_started_handled_completed_and_acked(
     kinds = [
         (kind, attempt, fenced) for kind, attempt, fenced, _ in await work_events(engine, entry_id)
     ]
-    assert kinds == [("WORK_STARTED", 1, False), ("WORK_COMPLETED", 1, False)]
-    assert not await redis.exists(staging.intent_key(S, entry_id))
+    assert kinds == [
+        ("WORK_STARTED", 1, False),
+        ("WORK_COMPLETED", 1, False),
+        ("WORK_PUBLISHED", 1, False),
+    ]
+    assert await published(engine, entry_id) is True
 
 
 async def test_a_handler_that_raises_leaves_the_entry_pending_and_reports_work_failed(
@@ -244,7 +249,6 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
     assert await pending(redis) == {entry_id: 1}
     assert await pending(redis, ME) == {}
     assert await assignment(engine, entry_id) == ("running", 2)
-    assert not await redis.exists(staging.intent_key(S, entry_id))
     assert (await work_events(engine, entry_id))[-1][:3] == ("WORK_COMPLETED", 1, True)
 
 
@@ -255,9 +259,11 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     conductor: str,
     tmp_path: Path,
 ) -> None:
-    """A process got its WORK_COMPLETED accepted and died before renaming; an older attempt
-    also left its staged file behind. The runtime that sees the entry next commits the
-    accepted attempt's file, removes the other, and acks without running the handler."""
+    """A process got its WORK_COMPLETED (with its staged outputs) accepted and died before
+    renaming; an older attempt also left its staged file behind. The runtime that holds the
+    entry next is told the outputs in the 409 to its WORK_STARTED: it publishes the accepted
+    attempt's file, removes the other, reports WORK_PUBLISHED and acks, without running the
+    handler."""
     handled: list[str] = []
     final = tmp_path / "result.txt"
     entry_id = await delivered_to_me(conductor, redis, "rc-9")
@@ -268,12 +274,11 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
         tmp = staging.temp_path(final, entry_id=entry_id, attempt=attempt)
         tmp.write_text(f"attempt {attempt}")
         files = (staging.StagedFile(tmp, final),)
-        await staging.record_intent(
-            redis, stream=S, entry_id=entry_id, attempt=attempt, files=files
-        )
-    accepted = await post(conductor, type="WORK_COMPLETED", attempt=2, **report)
+    outputs = [{"staged": str(tmp), "path": str(final)}]
+    accepted = await post(conductor, type="WORK_COMPLETED", attempt=2, outputs=outputs, **report)
     assert accepted.status_code == 202
     assert not final.exists()
+    assert await published(engine, entry_id) is False
 
     await back_to_me(redis, entry_id)
     async with running(lambda entry: handled.append(entry.id), settings()):
@@ -281,8 +286,10 @@ async def test_a_commit_interrupted_after_acceptance_is_finished_by_the_next_run
     assert handled == []
     assert final.read_text() == "attempt 2"
     assert leftovers(tmp_path) == []
-    assert not await redis.exists(staging.intent_key(S, entry_id))
     assert await assignment(engine, entry_id) == ("done", 2)
+    assert await published(engine, entry_id) is True
+    kinds = [(kind, attempt) for kind, attempt, _, _ in await work_events(engine, entry_id)]
+    assert kinds[-1] == ("WORK_PUBLISHED", 2)
 
     # Idempotent: a second recovery of the same commit changes nothing.
     assert staging.commit(files) == staging.Committed(already=1)

@@ -1,11 +1,11 @@
-"""Staged-file intents read from Redis (`rig:staged:*`) are acted on only where the runtime
-itself would have put the files: anyone who may write that key prefix must not make an agent
-rename or delete a file of its choosing. Real Redis, real conductor, real files."""
+"""Recorded outputs steer a rename, so they are checked where they enter: the conductor takes a
+WORK_COMPLETED's outputs only where the runtime itself would have staged them for that entry
+and attempt (`422` naming `outputs` otherwise, nothing recorded), and the runtime renames
+nothing it is told to publish that is not such a temporary. Real Redis, real conductor, real
+files."""
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,20 +18,20 @@ from rig_conductor.agent.settings import AgentSettings
 
 from ..helpers import wait_for
 from .harness import (
-    S,
     assignment,
     back_to_me,
     delivered_to_me,
     drained,
     old_owner,
     post,
+    published,
     running,
 )
 
 
 def forged_pairs(tmp_path: Path, entry_id: str, attempt: int) -> list[list[str]]:
-    """Pairs an attacker would write: victims as the temporary (unlinked on discard, renamed on
-    commit) or as the final path, traversal, relative paths, another entry's temporary."""
+    """Pairs an attacker would send: victims as the temporary (renamed on publish) or as the
+    final path, traversal, relative paths, another entry's or attempt's temporary."""
     victim, target = tmp_path / "victim.txt", tmp_path / "target.txt"
     ours = str(staging.temp_path(target, entry_id=entry_id, attempt=attempt))
     return [
@@ -44,61 +44,47 @@ def forged_pairs(tmp_path: Path, entry_id: str, attempt: int) -> list[list[str]]
     ]
 
 
-async def test_a_forged_intent_is_refused_logged_and_touches_no_file(
-    redis: Redis,
-    engine: AsyncEngine,
-    settings: Callable[..., AgentSettings],
-    conductor: str,
-    tmp_path: Path,
-    caplog: pytest.LogCaptureFixture,
+async def test_forged_outputs_are_refused_and_nothing_is_recorded(
+    redis: Redis, engine: AsyncEngine, conductor: str, tmp_path: Path
 ) -> None:
-    """The accepted attempt's intent and an older one's are forged: the next runtime recovers
-    the entry (acks it, as done) without renaming or unlinking anything they name."""
     entry_id = await delivered_to_me(conductor, redis, "rc-forged")
     report = await old_owner(redis, entry_id)
-    for attempt in (1, 2):
-        assert (await post(conductor, type="WORK_STARTED", **report)).json() == {"attempt": attempt}
-    assert (await post(conductor, type="WORK_COMPLETED", attempt=2, **report)).status_code == 202
-    victims = {tmp_path / "victim.txt": "precious", tmp_path / "target.txt": "keep me"}
-    victims[staging.temp_path(tmp_path / "victim.txt", entry_id=entry_id, attempt=2)] = "tmp"
-    for path, text in victims.items():
-        path.write_text(text)
-    key = staging.intent_key(S, entry_id)
-    for attempt in (1, 2):
-        await redis.hset(key, str(attempt), json.dumps(forged_pairs(tmp_path, entry_id, attempt)))
-    await redis.hset(key, "3", json.dumps({"not": "a list"}))
-
-    handled: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="rig_conductor.agent.staging"):
-        await back_to_me(redis, entry_id)
-        async with running(lambda entry: handled.append(entry.id), settings()):
-            await wait_for(lambda: drained(redis))
-    assert handled == [] and await assignment(engine, entry_id) == ("done", 2)
-    assert {path: path.read_text() for path in victims} == victims  # nothing renamed or removed
-    refused = [r.getMessage() for r in caplog.records if "Refused staged intent" in r.getMessage()]
-    assert len(refused) == 3 and all(entry_id in line for line in refused)
+    assert (await post(conductor, type="WORK_STARTED", **report)).json() == {"attempt": 1}
+    for staged, path in forged_pairs(tmp_path, entry_id, 1):
+        answer = await post(
+            conductor,
+            type="WORK_COMPLETED",
+            attempt=1,
+            outputs=[{"staged": staged, "path": path}],
+            **report,
+        )
+        assert answer.status_code == 422, (staged, path, answer.text)
+        assert "outputs" in answer.text
+    assert await assignment(engine, entry_id) == ("running", 1)
 
 
-async def test_the_runtimes_own_intent_is_still_committed(
+@pytest.mark.parametrize("name", ["out put.txt", ".hidden..txt", "x" * 240])
+async def test_the_runtimes_own_outputs_are_published(
     redis: Redis,
     engine: AsyncEngine,
     settings: Callable[..., AgentSettings],
     conductor: str,
     tmp_path: Path,
+    name: str,
 ) -> None:
-    """The check refuses nothing `Staging.stage` records, names with spaces and dots included."""
-    entry_id = await delivered_to_me(conductor, redis, "rc-own")
+    """The checks refuse nothing `Staging.stage` records, names with spaces and dots included.
+    The accepted attempt's process died before renaming: the next holder publishes."""
+    entry_id = await delivered_to_me(conductor, redis, f"rc-own-{len(name)}")
     report = await old_owner(redis, entry_id)
     assert (await post(conductor, type="WORK_STARTED", **report)).json() == {"attempt": 1}
     area = staging.Staging(entry_id=entry_id, attempt=1)
-    for name in ("out put.txt", ".hidden..txt", "x" * 240):
-        area.stage(tmp_path / "deep" / name).write_text(name)
-    files = area.close()
-    await staging.record_intent(redis, stream=S, entry_id=entry_id, attempt=1, files=files)
-    assert (await post(conductor, type="WORK_COMPLETED", attempt=1, **report)).status_code == 202
+    area.stage(tmp_path / "deep" / name).write_text(name)
+    outputs = [{"staged": o.staged, "path": o.path} for o in staging.outputs(area.close())]
+    answer = await post(conductor, type="WORK_COMPLETED", attempt=1, outputs=outputs, **report)
+    assert answer.status_code == 202, answer.text
     await back_to_me(redis, entry_id)
     async with running(lambda entry: None, settings()):
         await wait_for(lambda: drained(redis))
-    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == sorted(
-        ["out put.txt", ".hidden..txt", "x" * 240]
-    )
+    assert [p.name for p in (tmp_path / "deep").iterdir()] == [name]
+    assert (tmp_path / "deep" / name).read_text() == name
+    assert await published(engine, entry_id) is True

@@ -95,11 +95,21 @@ async def recent_unstarted(
 
 
 async def reappended(
-    engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch, entry_id: str
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    dispatch: RecentDispatch,
+    entry_id: str,
+    carry: Carry | None = None,
 ) -> bool:
     """The dispatch now lives at `entry_id`: the row follows, and the event log says why (the
     audit counts the old entry as replaced, not lost). False when the row had followed
-    already (another conductor got there first): then nothing is written."""
+    already (another conductor got there first): then nothing is written.
+
+    With `carry`, the new entry takes over the accepted completion whose outputs are still to
+    publish, in the same transaction: done at that attempt, with those outputs, and a
+    WORK_COMPLETED row that says where it came from. Its holder is answered "done" with the
+    outputs, publishes them and acks."""
     async with engine.begin() as conn:
         moved = await conn.execute(
             dispatches.update()
@@ -122,7 +132,40 @@ async def reappended(
             dispatch.issue_id,
             {"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
         )
+        if carry is not None:
+            await _carry(conn, tenant, dispatch, entry_id, carry)
     return True
+
+
+async def _carry(
+    conn: AsyncConnection, tenant: str, dispatch: RecentDispatch, entry_id: str, carry: Carry
+) -> None:
+    await conn.execute(
+        insert(assignments)
+        .values(
+            tenant=tenant,
+            stream=dispatch.stream,
+            entry_id=entry_id,
+            issue_id=dispatch.issue_id,
+            state="done",
+            consumer=carry.consumer,
+            attempt=carry.attempt,
+            outputs=carry.outputs,
+        )
+        .on_conflict_do_nothing()
+    )
+    await conn.execute(
+        events.insert().values(
+            tenant=tenant,
+            kind="WORK_COMPLETED",
+            consumer=carry.consumer,
+            stream=dispatch.stream,
+            entry_id=entry_id,
+            issue_id=dispatch.issue_id,
+            attempt=carry.attempt,
+            detail={"carriedFrom": dispatch.entry_id, "outputs": len(carry.outputs)},
+        )
+    )
 
 
 async def _assigned(
@@ -181,8 +224,9 @@ class Unfinished:
 
 
 # The dispatches of one stream within the window whose current entry is neither done nor
-# dead-lettered, started or not, in keyset pages: (created_at, key) never changes when a row
-# follows a new entry, so a page boundary holds while the rows are rewritten.
+# dead-lettered, started or not, or done with outputs not yet published, in keyset pages:
+# (created_at, key) never changes when a row follows a new entry, so a page boundary holds
+# while the rows are rewritten.
 _UNFINISHED = text(
     """
     SELECT d.idempotency_key, d.entry_id, d.issue_id, d.agent_id, d.fields, d.created_at
@@ -191,7 +235,8 @@ _UNFINISHED = text(
         ON a.tenant = d.tenant AND a.stream = d.stream AND a.entry_id = d.entry_id
      WHERE d.tenant = :tenant AND d.stream = :stream
        AND d.created_at > now() - make_interval(secs => :window_s)
-       AND (a.state IS NULL OR a.state NOT IN ('done', 'dead'))
+       AND (a.state IS NULL OR a.state NOT IN ('done', 'dead')
+            OR (a.state = 'done' AND a.outputs IS NOT NULL AND a.published_at IS NULL))
        AND (CAST(:after_at AS timestamptz) IS NULL
             OR (d.created_at, d.idempotency_key) > (CAST(:after_at AS timestamptz), :after_key))
      ORDER BY d.created_at, d.idempotency_key
@@ -239,17 +284,31 @@ async def unfinished(
 
 
 @dataclass(frozen=True, slots=True)
+class Carry:
+    """An accepted completion whose outputs Redis lost before anyone published them: the new
+    entry takes it over (done, the same attempt and outputs), so its holder publishes them."""
+
+    attempt: int
+    consumer: str | None
+    outputs: list[dict[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
 class Fence:
-    """A lost entry fenced off: who was on it before (None: nobody had reported on it)."""
+    """A lost entry fenced off: who was on it before (None: nobody had reported on it), and the
+    accepted completion the new entry carries over, if its outputs were still unpublished."""
 
     state: str | None
     consumer: str | None
+    carry: Carry | None = None
 
 
 # Fence a lost entry off for good: state `superseded` with its attempt moved on, so every
 # report of an attempt on it (a holder that had it in hand when Redis lost it) is fenced, and
 # no start takes it again. An entry nobody reported on gets the row, so a start that raced
-# with the loss is fenced too. A done or dead entry is left as it is.
+# with the loss is fenced too. A dead entry, and a done one whose outputs are published (or
+# had none), are left as they are. A done one whose outputs are not published is superseded at
+# the same attempt, keeping its outputs: the new entry carries them over.
 _SUPERSEDE = text(
     """
     WITH prior AS (
@@ -259,8 +318,10 @@ _SUPERSEDE = text(
         INSERT INTO assignments AS a (tenant, stream, entry_id, issue_id, state, attempt)
         VALUES (:tenant, :stream, :entry_id, :issue_id, 'superseded', 1)
         ON CONFLICT (tenant, stream, entry_id) DO UPDATE
-           SET state = 'superseded', attempt = a.attempt + 1, updated_at = now()
+           SET state = 'superseded', updated_at = now(),
+               attempt = CASE WHEN a.state = 'done' THEN a.attempt ELSE a.attempt + 1 END
          WHERE a.state NOT IN ('done', 'dead', 'superseded')
+            OR (a.state = 'done' AND a.outputs IS NOT NULL AND a.published_at IS NULL)
         RETURNING attempt
     )
     SELECT (SELECT state FROM prior), (SELECT consumer FROM prior),
@@ -271,7 +332,8 @@ _SUPERSEDE = text(
 
 async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch) -> Fence | None:
     """Fence the dispatch's recorded entry off before it is appended again. None when the entry
-    was finished meanwhile (a holder completed it): then it must not be appended."""
+    was finished meanwhile (a holder completed it and published its outputs): then it must not
+    be appended."""
     params = {
         "tenant": tenant,
         "stream": dispatch.stream,
@@ -280,15 +342,26 @@ async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatc
     }
     async with engine.begin() as conn:
         state, consumer, fenced = (await conn.execute(_SUPERSEDE, params)).one()
-        if fenced:
-            return Fence(state, consumer)
-        # Left as it was: superseded already (a conductor that died before appending), or
-        # finished. The row as it is now decides, not the statement's snapshot.
-        now = await conn.scalar(
-            select(assignments.c.state).where(
-                assignments.c.tenant == tenant,
-                assignments.c.stream == dispatch.stream,
-                assignments.c.entry_id == dispatch.entry_id,
+        # The row as it is now decides, not the statement's snapshot: superseded already (a
+        # conductor that died before appending), or finished.
+        now = (
+            await conn.execute(
+                select(
+                    assignments.c.state,
+                    assignments.c.attempt,
+                    assignments.c.consumer,
+                    assignments.c.outputs,
+                    assignments.c.published_at,
+                ).where(
+                    assignments.c.tenant == tenant,
+                    assignments.c.stream == dispatch.stream,
+                    assignments.c.entry_id == dispatch.entry_id,
+                )
             )
-        )
-    return Fence(state, consumer) if now == "superseded" else None
+        ).one()
+    if not fenced and now.state != "superseded":
+        return None
+    carry = None
+    if isinstance(now.outputs, list) and now.outputs and now.published_at is None:
+        carry = Carry(now.attempt, now.consumer, now.outputs)
+    return Fence(state, consumer, carry)

@@ -144,6 +144,17 @@ assignments = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # The current attempt's last sign of progress (reaper rule 4b).
     Column("progress_at", DateTime(timezone=True)),
+    # The accepted completion's staged files, `[{"staged": ..., "path": ...}]` (migration 0016),
+    # written with the `done` that accepts them; `published_at` once an agent renamed them. NULL
+    # outputs: nothing to publish.
+    Column("outputs", JSONB),
+    Column("published_at", DateTime(timezone=True)),
+    Index(
+        "ix_assignments_unpublished",
+        "tenant",
+        "stream",
+        postgresql_where=text("outputs IS NOT NULL AND published_at IS NULL"),
+    ),
     # `superseded` (migration 0012): Redis lost the entry and its dispatch was appended again
     # as a new entry; nothing reported on the lost one counts any more.
     CheckConstraint(

@@ -10,11 +10,19 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rig_conductor import roles
+from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import intake, work
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
-from rig_conductor.domain import AgentId, ConsumerName
-from rig_conductor.operations import dispatch, reports
+from rig_conductor.domain import (
+    AgentId,
+    ConsumerName,
+    EntryId,
+    GroupName,
+    StagedOutput,
+    StreamKey,
+)
+from rig_conductor.operations import agent_dead_letter, dispatch, reports
 
 logger = logging.getLogger(__name__)
 # Every heartbeat gets the same answer: encoded once.
@@ -26,7 +34,10 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": schemas.DispatchResult,
         "description": "ISSUE_ASSIGNED repeated: the original entry",
     },
-    201: {"model": schemas.DispatchResult, "description": "ISSUE_ASSIGNED appended to the stream"},
+    201: {
+        "model": schemas.DispatchResult | schemas.DeadLetterResult,
+        "description": "ISSUE_ASSIGNED appended to the stream, or DEAD_LETTER done",
+    },
     202: {
         "model": schemas.Accepted | schemas.WorkResult,
         "description": "HEARTBEAT stored, or a work report recorded",
@@ -65,6 +76,8 @@ async def post_event(event: Annotated[schemas.Event, Body()], request: Request) 
         return refused
     if isinstance(event, schemas.IssueAssignedEvent):
         return await _dispatch(event, rt)
+    if isinstance(event, schemas.DeadLetterEvent):
+        return await _dead_letter(event, rt)
     return await _work(event, rt)
 
 
@@ -125,29 +138,21 @@ async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONRespo
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
-    if isinstance(event, schemas.WorkStartedEvent):
+    held = False
+    if isinstance(event, schemas.WorkStartedEvent | schemas.WorkPublishedEvent):
         not_held = await reports.not_held(
             rt.redis, stream=event.stream, entry_id=event.entry_id, consumer=event.consumer
         )
-        if not_held is not None:
+        if not_held is not None and isinstance(event, schemas.WorkStartedEvent):
             return _refused(event, not_held, work.WorkOutcome(False, 0, "not-held", not_held))
+        # A publish comes from the accepted attempt's owner, or from whoever holds it now.
+        held = not_held is None
     outcome = await work.record_work(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        report=work.WorkReport(
-            kind=event.type,
-            agent_id=event.agent_id,
-            stream=event.stream,
-            entry_id=event.entry_id,
-            consumer=event.consumer,
-            issue_id=event.issue_id,
-            attempt=event.attempt,
-            error=event.error,
-        ),
+        rt.engine, tenant=rt.settings.tenant, report=_report(event, held=held)
     )
     if outcome.refusal is not None:
         return _refused(event, outcome.refusal, outcome)
-    if not outcome.accepted and event.type in ("WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED"):
+    if not outcome.accepted and event.type != "WORK_FAILED":
         logger.warning(
             "Fenced %s of %s on %s from %s: attempt %s, current attempt %d (%s)",
             event.type,
@@ -159,9 +164,12 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             outcome.state,
         )
         fenced = schemas.Fenced(
-            detail=_fenced_detail(outcome.state), attempt=outcome.attempt, state=outcome.state
+            detail=_fenced_detail(outcome.state),
+            attempt=outcome.attempt,
+            state=outcome.state,
+            outputs=_outputs(outcome.outputs),
         )
-        return JSONResponse(fenced.model_dump(by_alias=True), status_code=409)
+        return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
     if event.type == "WORK_STARTED":
         return JSONResponse(
             schemas.WorkStarted(attempt=outcome.attempt).model_dump(by_alias=True), status_code=202
@@ -170,6 +178,75 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         accepted=outcome.accepted, attempt=outcome.attempt, state=outcome.state
     )
     return JSONResponse(result.model_dump(by_alias=True), status_code=202)
+
+
+async def _dead_letter(event: schemas.DeadLetterEvent, rt: Runtime) -> JSONResponse:
+    """201 dead-lettered; 409 when the entry is done (with its outputs still to publish) or the
+    asker may not have it dead-lettered (nothing written)."""
+    request = agent_dead_letter.Request(
+        AgentId(event.agent_id),
+        ConsumerName(event.consumer),
+        StreamKey(event.stream),
+        GroupName(event.group),
+        EntryId(event.entry_id),
+        event.reason,
+    )
+    outcome = await agent_dead_letter.dead_letter(rt, request)
+    if isinstance(outcome, agent_dead_letter.Refused):
+        logger.warning(
+            "Refused DEAD_LETTER of %s on %s from %s: %s",
+            event.entry_id,
+            event.stream,
+            event.consumer,
+            outcome.why,
+        )
+        body = schemas.Fenced(detail=f"refused: {outcome.why}", attempt=0, state="not-held")
+        return JSONResponse(body.model_dump(by_alias=True, exclude_none=True), status_code=409)
+    if isinstance(outcome, agent_dead_letter.Done):
+        done = outcome.finished
+        fenced = schemas.Fenced(
+            detail=_fenced_detail(done.state),
+            attempt=done.attempt,
+            state=done.state,
+            outputs=_outputs(done.outputs),
+        )
+        return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
+    result = schemas.DeadLetterResult(
+        stream=event.stream,
+        entry_id=outcome.entry_id,
+        dlq_stream=redis_streams.dlq_key(StreamKey(event.stream), rt.redis),
+        dlq_id=outcome.dlq_id,
+        deliveries=outcome.deliveries,
+    )
+    return JSONResponse(result.model_dump(by_alias=True), status_code=201)
+
+
+def _report(event: schemas.WorkEvent, *, held: bool) -> work.WorkReport:
+    outputs: tuple[StagedOutput, ...] = ()
+    missing: tuple[str, ...] = ()
+    if isinstance(event, schemas.WorkCompletedEvent):
+        outputs = tuple(StagedOutput(item.staged, item.path) for item in event.outputs)
+    elif isinstance(event, schemas.WorkPublishedEvent):
+        missing = tuple(event.missing)
+    return work.WorkReport(
+        kind=event.type,
+        agent_id=event.agent_id,
+        stream=event.stream,
+        entry_id=event.entry_id,
+        consumer=event.consumer,
+        issue_id=event.issue_id,
+        attempt=event.attempt,
+        error=event.error,
+        outputs=outputs,
+        missing=missing,
+        held=held,
+    )
+
+
+def _outputs(outputs: tuple[StagedOutput, ...]) -> list[schemas.StagedOutputModel] | None:
+    if not outputs:
+        return None
+    return [schemas.StagedOutputModel(staged=item.staged, path=item.path) for item in outputs]
 
 
 def _fenced_detail(state: str) -> str:

@@ -1,0 +1,81 @@
+"""A dead letter an agent asks for: copied to the stream's dead-letter stream and acked, logged
+and recorded exactly as reaper step 7's. Agents never write the dead-letter stream themselves;
+`operations.agent_dead_letter` decides whether to ask this."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
+from rig_conductor.effects.journal import Journal
+
+logger = logging.getLogger("rig_conductor.reaper.cycle")
+
+
+async def dead_letter_held(
+    redis: AnyRedis,
+    journal: Journal,
+    *,
+    stream: StreamKey,
+    group: GroupName,
+    consumer: ConsumerName,
+    agent_id: str,
+    entry_id: EntryId,
+    deliveries: int,
+    reason: str,
+) -> redis_streams.DeadLettered | None:
+    """Dead-letter `entry_id` if `consumer` still holds it in `group` (None: it does not any
+    more, and nothing was written). One `[StreamReclaim] Dead-lettered` line, one DEAD_LETTERED
+    row, the assignment marked dead."""
+    entry = PendingEntry(entry_id, consumer, 0, deliveries)
+    done = await redis_streams.dead_letter(
+        redis, stream=stream, group=group, entries=[entry], reason=reason
+    )
+    if not done:
+        return None
+    item = done[0]
+    dlq_stream = redis_streams.dlq_key(stream, redis)
+    logger.info(
+        "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
+        item.entry_id,
+        stream,
+        item.deliveries,
+        extra={
+            "entryId": item.entry_id,
+            "stream": stream,
+            "group": group,
+            "consumer": consumer,
+            "deliveries": item.deliveries,
+            "dlqId": item.dlq_id,
+            "reason": reason,
+        },
+    )
+    detail = {
+        "deliveries": item.deliveries,
+        "reason": reason,
+        "dlqStream": dlq_stream,
+        "dlqId": item.dlq_id,
+        "askedBy": consumer,
+    }
+    row = queries.EventRow(
+        "DEAD_LETTERED",
+        agent_id=agent_id,
+        consumer=consumer,
+        stream=stream,
+        group_name=group,
+        entry_id=item.entry_id,
+        issue_id=item.issue_id,
+        detail=json.dumps(detail),
+    )
+    await queries.append_events(journal.engine, tenant=journal.tenant, rows=[row])
+    await work.dead_lettered(
+        journal.engine,
+        tenant=journal.tenant,
+        stream=stream,
+        entries=[(item.entry_id, item.issue_id, item.deliveries)],
+    )
+    return item
