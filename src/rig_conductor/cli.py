@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from rig_conductor import __version__, gcpolicy, logs
+from rig_conductor import __version__, gcpolicy, logs, redis_rights
 from rig_conductor.settings import Settings, settings_for
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     agent_cli.add_parser(sub)
     audit.add_parser(sub)
+    redis_rights.add_parser(sub)
     return parser
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from rig_conductor import redis_rights
 from rig_conductor.adapters import redis_client
-from rig_conductor.adapters.redis_access import AGENT_ACL, CONDUCTOR_ACL
 from rig_conductor.settings import Settings
 
 from .servers import (
@@ -64,20 +64,32 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
         made.close()
 
 
+# The streams of the ACL server's users (the defaults), and the agents that get a user there.
+ACL_STREAMS = ("rig:dispatch", "assignments:*")
+ACL_AGENTS = ("builder-a", "builder-b", "a")
+
+
+def acl_users(agent_ids: tuple[str, ...] = ACL_AGENTS) -> list[list[str]]:
+    """The `ACL SETUSER` commands `rig-conductor redis-acl` prints for the ACL server, as
+    argument lists, each switched on with the test password."""
+    lines = redis_rights.setuser_lines(
+        streams=ACL_STREAMS, dispatch_stream="rig:dispatch", agent_ids=agent_ids, clustered=False
+    )
+    return [[*line.split(), "on", f">{PASSWORD}"] for line in lines]
+
+
 @pytest.fixture(scope="session")
 def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A standalone server with the conductor's and the agent's ACL users, exactly as the README
-    documents them, and the default user switched off."""
+    """A standalone server with the conductor's user and one per agent, exactly as
+    `rig-conductor redis-acl` prints them, and the default user switched off."""
     (port,) = free_ports(1)
     server = Server(port, Path(tmp_path_factory.mktemp("acl")), redis_args(port)).start()
     try:
         wait_until(lambda: client(port).ping(), what="ACL server")
         admin = client(port)
         admin.execute_command("ACL", "SETUSER", "admin", "on", f">{PASSWORD}", "~*", "&*", "+@all")
-        admin.execute_command(
-            "ACL", "SETUSER", "rig-conductor", *CONDUCTOR_ACL.split(), f">{PASSWORD}"
-        )
-        admin.execute_command("ACL", "SETUSER", "rig-agent", *AGENT_ACL.split(), f">{PASSWORD}")
+        for command in acl_users():
+            admin.execute_command(*command)
         admin.execute_command("ACL", "SETUSER", "default", "off")
         yield port
     finally:
@@ -170,5 +182,11 @@ def acl_envs(acl_server: int) -> tuple[dict[str, str], dict[str, str]]:
     base = f"127.0.0.1:{acl_server}/0"
     return (
         {"RIG_REDIS_URL": f"redis://rig-conductor:{PASSWORD}@{base}"},
-        {"RIG_REDIS_URL": f"redis://rig-agent:{PASSWORD}@{base}"},
+        # Each agent its own user: `{agent}` is its agent id (`agent_url`).
+        {"RIG_REDIS_URL": f"redis://rig-agent-{{agent}}:{PASSWORD}@{base}"},
     )
+
+
+def agent_url(url: str, agent_id: str) -> str:
+    """An agents' URL of a topology's envs for one agent (its own user where each has one)."""
+    return url.replace("{agent}", agent_id)

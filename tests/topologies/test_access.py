@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from rig_conductor import redis_rights
 from rig_conductor.adapters import redis_access, redis_client
-from rig_conductor.adapters.redis_access import CONDUCTOR_ACL
 from tests.integration.helpers import free_port
 
-from .conftest import PASSWORD, acl_admin, env_settings
+from .conftest import ACL_STREAMS, PASSWORD, acl_admin, agent_url, env_settings
 from .servers import Cluster, TlsServer
 
 
@@ -35,9 +35,9 @@ def run(command: str, env: dict[str, str], database_url: str) -> subprocess.Comp
 
 @pytest.fixture
 def user_without_xclaim(acl_server: int) -> Iterator[str]:
-    rules = CONDUCTOR_ACL.replace("+xclaim ", "")
+    rules = redis_rights.conductor_rules(ACL_STREAMS).replace("+xclaim ", "")
     acl_admin(acl_server).execute_command(
-        "ACL", "SETUSER", "no-xclaim", *rules.split(), f">{PASSWORD}"
+        "ACL", "SETUSER", "no-xclaim", *rules.split(), "on", f">{PASSWORD}"
     )
     yield f"redis://no-xclaim:{PASSWORD}@127.0.0.1:{acl_server}/0"
     acl_admin(acl_server).execute_command("ACL", "DELUSER", "no-xclaim")
@@ -66,13 +66,16 @@ async def test_the_documented_rules_pass_every_probe_and_the_probes_change_nothi
     admin.xadd("rig:dispatch:dlq", {"originalId": "0-1"})
     before = {key: admin.dump(key) for key in admin.keys("*")}
     for role, env in zip(("conductor", "agent"), acl_envs, strict=True):
-        client = redis_client.connect(env_settings(env, database_url))
+        url = agent_url(env["RIG_REDIS_URL"], "builder-a")
+        client = redis_client.connect(env_settings({**env, "RIG_REDIS_URL": url}, database_url))
         try:
+            streams = ["rig:dispatch", "assignments:*"] if role == "conductor" else ["rig:dispatch"]
             assert (
                 await redis_access.missing_permission(
                     client,
-                    role=role,
-                    streams=["rig:dispatch", "assignments:*"],  # type: ignore[arg-type]
+                    role=role,  # type: ignore[arg-type]
+                    streams=streams,
+                    agent_id="builder-a",
                 )
                 is None
             )
@@ -122,13 +125,11 @@ def test_bad_topology_settings_exit_2_naming_the_variable(
 def test_the_documented_rules_with_the_cluster_extra_work_on_a_cluster(
     cluster: Cluster, cluster_env: dict[str, str], database_url: str
 ) -> None:
-    from rig_conductor.adapters.redis_access import CLUSTER_ACL_EXTRA
-
     from .servers import client
 
-    rules = f"{CONDUCTOR_ACL} {CLUSTER_ACL_EXTRA}".split()
+    rules = redis_rights.conductor_rules(["rig:dispatch"], clustered=True).split()
     for server in cluster.servers:
-        client(server.port).execute_command("ACL", "SETUSER", "rig-conductor", *rules, ">pw")
+        client(server.port).execute_command("ACL", "SETUSER", "rig-conductor", *rules, "on", ">pw")
     try:
         env = {
             **cluster_env,
@@ -146,10 +147,8 @@ def test_the_documented_rules_with_the_cluster_extra_work_on_a_cluster(
 def test_an_agent_without_a_permission_refuses_to_start_naming_it(
     acl_server: int, database_url: str
 ) -> None:
-    from rig_conductor.adapters.redis_access import AGENT_ACL
-
-    rules = AGENT_ACL.replace("+xreadgroup ", "").split()
-    acl_admin(acl_server).execute_command("ACL", "SETUSER", "no-read", *rules, f">{PASSWORD}")
+    rules = redis_rights.agent_rules("a", ACL_STREAMS).replace("+xreadgroup ", "").split()
+    acl_admin(acl_server).execute_command("ACL", "SETUSER", "no-read", *rules, "on", f">{PASSWORD}")
     try:
         env = {"RIG_REDIS_URL": f"redis://no-read:{PASSWORD}@127.0.0.1:{acl_server}/0"}
         command = "agent --agent-id a --group g --handler tests.e2e.handlers:build"

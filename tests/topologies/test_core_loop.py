@@ -31,7 +31,7 @@ from tests.e2e.fleet import (
 )
 from tests.integration.helpers import serve, wait_for
 
-from .conftest import env_settings
+from .conftest import agent_url, env_settings
 
 ISSUES = [f"rc-{n}" for n in range(1, 13)]
 POISON = "rc-poison"
@@ -65,10 +65,14 @@ async def test_the_core_loop_on_each_topology(
             httpx.AsyncClient(base_url=conductor.url) as api,
         ):
             agents = {**agent_side, "E2E_OUT_DIR": str(out), "RIG_MAX_DELIVERIES": "2"}
-            agent_url = agents.pop("RIG_REDIS_URL")
-            with Fleet(agent_url, conductor.url, tmp_path, agents) as fleet:
+            agent_url_of_all = agents.pop("RIG_REDIS_URL")
+            with Fleet(agent_url_of_all, conductor.url, tmp_path, agents) as fleet:
                 victim = fleet.start(
-                    *VICTIM, E2E_FAIL_FIRST="1", E2E_HOLD_FILE=str(hold), **ONE_READ
+                    *VICTIM,
+                    E2E_FAIL_FIRST="1",
+                    E2E_HOLD_FILE=str(hold),
+                    RIG_REDIS_URL=agent_url(agent_url_of_all, VICTIM[0]),
+                    **ONE_READ,
                 )
                 await wait_for(lambda: heard_from(api, victim.consumer), within=30)
                 entries = {issue: await dispatch(api, issue, {"n": issue}) for issue in ISSUES}
@@ -81,7 +85,9 @@ async def test_the_core_loop_on_each_topology(
                 }
                 assert len(held) >= 2, held  # the failed build and the one in progress
                 victim.kill()
-                survivor = fleet.start(*SURVIVOR)
+                survivor = fleet.start(
+                    *SURVIVOR, RIG_REDIS_URL=agent_url(agent_url_of_all, SURVIVOR[0])
+                )
                 poison = await dispatch(api, POISON, {"poison": True})
                 dlq = redis_keys.dlq_key(STREAM, clustered=topology == "cluster")
 

@@ -6,6 +6,7 @@ import uuid
 
 import pytest
 
+from rig_conductor.adapters import redis_keys
 from rig_conductor.agent.entry import consumer_name, triage
 from rig_conductor.agent.lease import lease_key
 
@@ -31,10 +32,24 @@ def test_without_either_a_fresh_uuid_keeps_the_agent_id_as_prefix() -> None:
         assert prefix == "dev" and uuid.UUID(rest)
 
 
-def test_the_lease_key_names_stream_group_and_consumer() -> None:
-    assert lease_key("rig:dispatch", "builders", "dev-e-0") == (
-        "rig:consumer:rig:dispatch:builders:dev-e-0"
+def test_the_lease_key_names_stream_group_and_consumer_among_the_agents_keys() -> None:
+    assert lease_key("dev-e", "rig:dispatch", "builders", "dev-e-0") == (
+        "rig:agent:dev-e:lease:rig:dispatch:builders:dev-e-0"
     )
+
+
+@pytest.mark.parametrize(
+    ("agent", "prefix"),
+    [
+        ("dev-e", "rig:agent:dev-e:"),
+        ("dev-e:x", "rig:agent:dev-e%3Ax:"),  # not under dev-e's pattern
+        ("a*b?[c]", "rig:agent:a%2Ab%3F%5Bc%5D:"),  # no glob character in a pattern
+        ("ü.b_c~d", "rig:agent:%C3%BC.b_c~d:"),
+    ],
+)
+def test_an_agents_keys_are_under_its_percent_encoded_id(agent: str, prefix: str) -> None:
+    assert redis_keys.agent_prefix(agent) == prefix
+    assert lease_key(agent, "s", "g", "c").startswith(prefix)
 
 
 @pytest.mark.parametrize(

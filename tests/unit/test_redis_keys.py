@@ -46,12 +46,16 @@ def test_a_name_no_companion_can_share_a_slot_with_is_refused_on_a_cluster() -> 
     assert redis_keys.dlq_key("a}b{") == "a}b{:dlq"
 
 
-def test_the_docs_show_the_acl_rules_the_tests_use() -> None:
+def test_the_docs_show_the_users_redis_acl_prints() -> None:
     from pathlib import Path
 
-    from rig_conductor.adapters.redis_access import AGENT_ACL, CLUSTER_ACL_EXTRA, CONDUCTOR_ACL
+    from rig_conductor import redis_rights
 
-    readme = (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
-    assert f"ACL SETUSER rig-conductor {CONDUCTOR_ACL} >" in readme
-    assert f"ACL SETUSER rig-agent {AGENT_ACL} >" in readme
-    assert CLUSTER_ACL_EXTRA in readme
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
+    for line in redis_rights.setuser_lines(
+        streams=["rig:dispatch"],
+        dispatch_stream="rig:dispatch",
+        agent_ids=["builder"],
+        clustered=False,
+    ):
+        assert f"\n{line}\n" in docs, line

@@ -4,7 +4,7 @@ Each probe runs one command the process needs, on a key of its stream's name spa
 not exist, in a form that changes nothing (XADD NOMKSTREAM, SET XX, XACK of no entry, ...).
 Redis checks the ACL before anything else, so a NOPERM answer names exactly what is missing,
 and any other answer (no such key, NOGROUP, NOSCRIPT) means the command is allowed. The rules
-that pass every probe are documented in the README ("Connecting to your Redis").
+that pass every probe are the ones `rig-conductor redis-acl` prints (`redis_rights`).
 """
 
 from __future__ import annotations
@@ -27,33 +27,16 @@ from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 
 Role = Literal["conductor", "agent"]
 
-# The least-privilege ACL rules (`ACL SETUSER <name> <rules> ><password>`) for the key space of
-# the default streams; the README shows them, and the tests run both roles with exactly these.
-# For other streams, add their patterns (a stream, its `:dlq`, its `:dispatched:` markers and
-# its `:epoch` marker).
-CONDUCTOR_ACL = (
-    "on resetkeys ~rig:* ~{rig:* ~assignments:* ~{assignments:* resetchannels -@all "
-    "+ping +time +scan +type +exists +get +set +wait "
-    "+xinfo|groups +xinfo|consumers +xpending +xclaim +xack +xadd +xrange +xrevrange +xdel "
-    "+xgroup|delconsumer +evalsha +eval +script|load +script|exists"
-)
-AGENT_ACL = (
-    "on resetkeys ~rig:* ~{rig:* ~assignments:* ~{assignments:* resetchannels -@all "
-    "+ping +get +set +pexpire +del +hset +hgetall +hdel +expire +multi +exec "
-    "+xreadgroup +xgroup|create +xgroup|createconsumer +xack +xpending +xrange +xadd "
-    "+evalsha +eval +script|load +script|exists"
-)
-# In cluster mode both also need to read the cluster's layout.
-CLUSTER_ACL_EXTRA = "+cluster|slots +cluster|shards +cluster|nodes +command +readonly"
+# The users `rig-conductor redis-acl` prints (`redis_rights`) pass every probe of their role.
 _NO_SHA = "0" * 40
 _GROUP, _CONSUMER = "rig-access-probe", "rig-access-probe"
 
 
 def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
-    """(command, args...) per permission `role` needs; `key` and `dlq` do not exist. A
+    """(command, args...) per permission the conductor needs; `key` and `dlq` do not exist. A
     command with a subcommand is named as one word pair ("SCRIPT LOAD"), as the cluster
     client routes it."""
-    common: list[tuple[str, ...]] = [
+    return [
         ("PING",),
         ("XPENDING", key, _GROUP, "-", "+", "1"),
         ("XACK", key, _GROUP, "0-1"),
@@ -65,21 +48,6 @@ def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
         ("SCRIPT EXISTS", _NO_SHA),
         ("GET", key),
         ("SET", key, "1", "XX"),
-    ]
-    if role == "agent":
-        return [
-            *common,
-            ("XREADGROUP", "GROUP", _GROUP, _CONSUMER, "COUNT", "1", "STREAMS", key, "0"),
-            ("XGROUP CREATE", key, _GROUP, "0"),
-            ("XGROUP CREATECONSUMER", key, _GROUP, _CONSUMER),
-            ("PEXPIRE", key, "1"),
-            ("DEL", key),
-            ("HGETALL", key),
-            ("HDEL", key, "probe"),
-            ("EXPIRE", key, "1"),
-        ]
-    return [
-        *common,
         ("XINFO GROUPS", key),
         ("XINFO CONSUMERS", key, _GROUP),
         ("XCLAIM", key, _GROUP, _CONSUMER, "0", "0-1", "JUSTID"),
@@ -94,28 +62,78 @@ def _probes(role: Role, key: str, dlq: str) -> list[tuple[str, ...]]:
     ]
 
 
-def probe_key(stream: str) -> str:
-    """A key in `stream`'s name space (same prefix, same hash tag) that nothing uses."""
-    return f"{stream}:rig-access-probe"
+def _agent_probes(stream: str, own: str) -> list[tuple[str, ...]]:
+    """What an agent runs: on its stream itself (in forms that change nothing there: a group
+    that does not exist, an id that is not one), and on a key of its own that does not exist."""
+    return [
+        ("PING",),
+        ("XPENDING", stream, _GROUP, "-", "+", "1"),
+        ("XACK", stream, _GROUP, "0-1"),
+        ("XREADGROUP", "GROUP", _GROUP, _CONSUMER, "COUNT", "1", "STREAMS", stream, "0"),
+        ("XGROUP CREATE", stream, _GROUP, "not-an-id"),
+        ("XGROUP CREATECONSUMER", stream, _GROUP, _CONSUMER),
+        ("SCRIPT LOAD", "return 0"),
+        ("SCRIPT EXISTS", _NO_SHA),
+        ("EVALSHA", _NO_SHA, "1", own),
+        ("GET", own),
+        ("SET", own, "1", "XX"),
+        ("PTTL", own),
+        ("PEXPIRE", own, "1"),
+        ("DEL", own),
+    ]
 
 
-async def missing_permission(client: AnyRedis, *, role: Role, streams: Sequence[str]) -> str | None:
-    """None when the Redis user may run everything `role` needs on `streams`' keys; else one
-    line naming the first missing permission. Connection errors propagate."""
+def probe_key(stream: str, *, clustered: bool = False) -> str:
+    """A companion key of `stream` (its prefix, and its slot on a cluster) that nothing uses."""
+    return f"{redis_keys.slot_prefix(stream, clustered=clustered)}:rig-access-probe"
+
+
+async def missing_permission(
+    client: AnyRedis, *, role: Role, streams: Sequence[str], agent_id: str = ""
+) -> str | None:
+    """None when the Redis user may run everything `role` needs on `streams`' keys (an agent:
+    on its stream and its own keys, `agent_id`'s); else one line naming the first missing
+    permission. Connection errors propagate."""
     for stream in streams:
-        if any(char in stream for char in "*?["):
-            stream = stream.split("*")[0].split("?")[0].split("[")[0] or "rig"
-        key = probe_key(stream)
-        dlq = redis_keys.dlq_key(key, clustered=is_clustered(client))
-        for command in _probes(role, key, dlq):
-            options: dict[str, object] = {}
-            if isinstance(client, RedisCluster) and key not in command and dlq not in command:
-                options["target_nodes"] = RedisCluster.RANDOM  # a keyless command: any node
-            try:
-                await client.execute_command(*command, **options)
-            except ResponseError as exc:
-                if isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"):
-                    return _missing(role, command, exc, keys=(key, dlq))
+        if role == "agent":
+            own = redis_keys.agent_prefix(agent_id) + "rig-access-probe"
+            missing = await _first_refused(client, role, _agent_probes(stream, own), (stream, own))
+        else:
+            if any(char in stream for char in "*?["):
+                stream = stream.split("*")[0].split("?")[0].split("[")[0] or "rig"
+            clustered = is_clustered(client)
+            key = probe_key(stream, clustered=clustered)
+            dlq = redis_keys.dlq_key(key, clustered=clustered)
+            missing = await _first_refused(client, role, _probes(role, key, dlq), (key, dlq))
+        if missing is not None:
+            return missing
+    return None
+
+
+async def over_privileged(client: AnyRedis, *, stream: str) -> bool:
+    """True when an agent's user may add entries to streams (XADD, tried where it changes
+    nothing): it has the conductor's rights, as one user shared by the conductor and every
+    agent does, and could forge dispatches, dead letters or markers."""
+    try:
+        probe = probe_key(stream, clustered=is_clustered(client))
+        await client.execute_command("XADD", probe, "NOMKSTREAM", "*", "probe", "1")
+    except ResponseError as exc:
+        return not (isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"))
+    return True
+
+
+async def _first_refused(
+    client: AnyRedis, role: Role, probes: list[tuple[str, ...]], keys: tuple[str, str]
+) -> str | None:
+    for command in probes:
+        options: dict[str, object] = {}
+        if isinstance(client, RedisCluster) and not set(keys) & set(command):
+            options["target_nodes"] = RedisCluster.RANDOM  # a keyless command: any node
+        try:
+            await client.execute_command(*command, **options)
+        except ResponseError as exc:
+            if isinstance(exc, NoPermissionError) or str(exc).startswith("NOPERM"):
+                return _missing(role, command, exc, keys=keys)
     return None
 
 

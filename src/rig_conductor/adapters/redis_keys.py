@@ -9,9 +9,14 @@ behind sentinels) the names stay as they always were (`rig:dispatch:dlq`).
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 from rig_conductor.domain import StreamKey
 
 DLQ_SUFFIX = ":dlq"
+# The keys an agent writes live under this prefix and its agent id; nothing of the conductor's
+# does, so an ACL key pattern can give each agent its own keys and nothing else.
+AGENT_PREFIX = "rig:agent:"
 
 
 class BadStreamName(ValueError):
@@ -66,3 +71,16 @@ def revoked_session_key(stream: str, nonce: str, *, clustered: bool = False) -> 
 
 def is_dlq(name: str) -> bool:
     return name.endswith(DLQ_SUFFIX)
+
+
+def agent_prefix(agent_id: str) -> str:
+    """`rig:agent:<agentId>:`, the agent id percent-encoded (every byte but `A-Z a-z 0-9 _ . -
+    ~`, as `%XX`): no `:` and no glob character is left in it, so the ACL pattern
+    `rig:agent:<encoded>:*` matches this agent's keys and no other agent's (`dev-e`'s pattern
+    does not reach `dev-e:x`'s keys, nor `dev-e-dotnet`'s)."""
+    return f"{AGENT_PREFIX}{quote(agent_id, safe='')}:"
+
+
+def lease_key(agent_id: str, stream: str, group: str, consumer: str) -> str:
+    """The consumer-name lease of `consumer` reading `group` of `stream`, in its agent's keys."""
+    return f"{agent_prefix(agent_id)}lease:{stream}:{group}:{consumer}"

@@ -14,6 +14,7 @@ import uuid
 
 from redis.exceptions import RedisError
 
+from rig_conductor.adapters import redis_keys
 from rig_conductor.adapters.redis_client import AnyRedis
 
 logger = logging.getLogger(__name__)
@@ -43,14 +44,19 @@ if not holder and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return 0
 """
+# The holder and the time it has left, in one look.
+_HOLDER_LUA = """
+return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+"""
 _RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 
 
-def lease_key(stream: str, group: str, consumer: str) -> str:
-    return f"rig:consumer:{stream}:{group}:{consumer}"
+def lease_key(agent_id: str, stream: str, group: str, consumer: str) -> str:
+    """The lease key, among the agent's own keys (`redis_keys.agent_prefix`)."""
+    return redis_keys.lease_key(agent_id, stream, group, consumer)
 
 
 class ConsumerLease:
@@ -75,10 +81,7 @@ class ConsumerLease:
         while until is None or not until.is_set():
             if await self._client.set(self.key, self.instance, nx=True, px=self._ttl_ms):
                 return True
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.get(self.key)
-                pipe.pttl(self.key)
-                holder, ttl = await pipe.execute()
+            holder, ttl = await self._client.eval(_HOLDER_LUA, 1, self.key)
             if holder is None:
                 continue
             if first is None:

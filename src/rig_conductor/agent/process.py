@@ -42,7 +42,7 @@ async def run_agent(
     settings = settings or load_agent_settings()
     name = consumer or consumer_name(agent_id)
     token_file = TokenFile(settings.api_token_file) if settings.api_token_file else None
-    redis = await _redis_allowed(settings, stream or settings.dispatch_stream)
+    redis = await _redis_allowed(settings, stream or settings.dispatch_stream, agent_id)
     conductor = ConductorClient(
         base_url=settings.conductor_url,
         agent_id=agent_id,
@@ -79,17 +79,30 @@ class MissingPermission(Exception):
     """The Redis user may not run a command the agent needs (one line naming it)."""
 
 
-async def _redis_allowed(settings: AgentSettings, stream: str) -> AnyRedis:
-    """A Redis client whose user may run every command the agent needs on `stream`."""
+async def _redis_allowed(settings: AgentSettings, stream: str, agent_id: str) -> AnyRedis:
+    """A Redis client whose user may run every command the agent needs on `stream` and on
+    `agent_id`'s own keys. A user with more (the conductor's rights, one user shared by all) is
+    warned about: it keeps working."""
     redis = redis_client.connect(settings)
     try:
-        missing = await redis_access.missing_permission(redis, role="agent", streams=[stream])
+        missing = await redis_access.missing_permission(
+            redis, role="agent", streams=[stream], agent_id=agent_id
+        )
+        shared = missing is None and await redis_access.over_privileged(redis, stream=stream)
     except BaseException:
         await redis.aclose()
         raise
     if missing is not None:
         await redis.aclose()
         raise MissingPermission(missing)
+    if shared:
+        logger.warning(
+            "This agent's Redis user may add entries to %s (XADD): it has the conductor's rights, "
+            "so this agent could forge dispatches, dead letters or markers. Give each agent its "
+            "own user: `rig-conductor redis-acl --agent-id %s` prints it",
+            stream,
+            agent_id,
+        )
     return redis
 
 

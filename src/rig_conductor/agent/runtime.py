@@ -90,7 +90,7 @@ class Agent:
         self._block_ms = max(1, block_ms)
         self._abandon = asyncio.Event()
         self._lease = ConsumerLease(
-            redis, key=lease_key(stream, group, consumer), ttl_ms=settings.lease_ttl_ms
+            redis, key=lease_key(agent_id, stream, group, consumer), ttl_ms=settings.lease_ttl_ms
         )
         self._lease_lost = False
         self._joined = False

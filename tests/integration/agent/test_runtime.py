@@ -328,11 +328,11 @@ async def test_a_dead_predecessors_lease_is_waited_out(
 ) -> None:
     handled: list[str] = []
     entry_id = await dispatch(conductor, "rc-10")
-    await redis.set(lease_key(S, G, ME), "crashed-instance", px=800)
+    await redis.set(lease_key(AGENT, S, G, ME), "crashed-instance", px=800)
     async with running(lambda entry: handled.append(entry.id), settings()):
         await wait_for(lambda: handled == [entry_id])
-        assert await redis.get(lease_key(S, G, ME)) not in (None, "crashed-instance")
-    assert await redis.get(lease_key(S, G, ME)) is None  # released on a clean stop
+        assert await redis.get(lease_key(AGENT, S, G, ME)) not in (None, "crashed-instance")
+    assert await redis.get(lease_key(AGENT, S, G, ME)) is None  # released on a clean stop
 
 
 # Real processes: exit codes, signals, two processes with one CONSUMER_ID.
@@ -407,7 +407,7 @@ async def test_a_second_process_with_the_same_consumer_id_is_refused(
     name = f"dev-e-{uuid.uuid4().hex[:6]}"
     first = spawn(redis_url, conductor, workdir, name)
     try:
-        await wait_for(lambda: redis.exists(lease_key(S, G, name)), within=20)
+        await wait_for(lambda: redis.exists(lease_key(AGENT, S, G, name)), within=20)
         second = spawn(redis_url, conductor, workdir, name)
         code, stderr = await finish(second)
         assert code == 2, stderr
