@@ -82,7 +82,10 @@ class RoleGuard:
     With a `reviewer` (RIG_K8S_AGENT_AUTH), a bearer token that is none of the configured ones
     may be a pod's ServiceAccount token: a TokenReview (cached) decides. A review that says no
     is a wrong token (401, and counted); a Kubernetes API that cannot answer is 503 with
-    Retry-After, never 401: its outage must not look like a forgery.
+    Retry-After, never 401: its outage must not look like a forgery. The throttle comes before
+    the review: a client in its 429 window costs the API server nothing (only a token a review
+    accepted lately, still cached, passes without asking), and a token that is not a JWT is
+    never sent to a review at all (`token_review.looks_like_jwt`).
     """
 
     def __init__(
@@ -111,6 +114,10 @@ class RoleGuard:
             scheme, _, presented = (authorization or b"").partition(b" ")
             found = self._caller(scheme, presented.strip())
             if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
+                found = self._known_pod(presented.strip())
+                if found is None and await self._throttled(scope, send):
+                    return  # in its 429 window: no TokenReview is spent on this client
+            if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
                 try:
                     found = await self._pod(presented.strip())
                 except token_review.ReviewUnavailable as exc:
@@ -133,18 +140,31 @@ class RoleGuard:
         """401, or 429 while this client must wait; only a presented token counts as a failure
         (a request without one guesses nothing)."""
         if presented:
-            client = scope.get("client")
-            address = client[0] if client else "unknown"
-            wait = self.failed_tokens.wait_s(address)
-            if wait > 0:
-                seconds = str(math.ceil(wait))
-                detail = f"too many invalid tokens from this address; retry in {seconds} s"
-                await answer(send, 429, detail, [(b"retry-after", seconds.encode())])
+            if await self._throttled(scope, send):
                 return
-            self.failed_tokens.failed(address)
+            self.failed_tokens.failed(client_address(scope))
         await answer(
             send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
         )
+
+    async def _throttled(self, scope: Scope, send: Send) -> bool:
+        """Answers 429 with Retry-After (and says True) while this client must wait."""
+        wait = self.failed_tokens.wait_s(client_address(scope))
+        if wait <= 0:
+            return False
+        seconds = str(math.ceil(wait))
+        detail = f"too many invalid tokens from this address; retry in {seconds} s"
+        await answer(send, 429, detail, [(b"retry-after", seconds.encode())])
+        return True
+
+    def _known_pod(self, presented: bytes) -> roles.Caller | None:
+        """The pod of a ServiceAccount token a review accepted lately: honoured before the
+        throttle is asked, so a pod that proved itself is never refused with 429."""
+        assert self.reviewer is not None
+        identity = self.reviewer.accepted(presented)
+        if identity is None:
+            return None
+        return roles.pod(ConsumerName(identity.pod), identity.namespace)
 
     def _caller(self, scheme: bytes, presented: bytes) -> roles.Caller | None:
         caller = self.tokens.caller(presented)
@@ -213,6 +233,13 @@ def replay(messages: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def client_address(scope: Scope) -> str:
+    """The client's address: the connection's peer, or what a trusted proxy forwarded
+    (`RIG_FORWARDED_ALLOW_IPS`, applied before this app sees the request)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
