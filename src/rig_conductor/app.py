@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from kubernetes.client import ApiClient
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from rig_conductor import __version__, console, roles
 from rig_conductor.adapters import redis_client, token_review
@@ -82,6 +83,11 @@ def create_app(
     app.include_router(health.router)
     console.install(app, tokens=tokens)
     app.add_middleware(ServerTiming)  # console pages and /api views: the time to answer
+    if settings.forwarded_allow_ips:
+        # Outermost: the client address (the throttles, the request log) and the scheme (the
+        # console cookie's Secure flag) of every layer come from the trusted proxies'
+        # X-Forwarded-For / X-Forwarded-Proto, and from nobody else's.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.forwarded_allow_ips))
     return app
 
 

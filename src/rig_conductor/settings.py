@@ -183,9 +183,10 @@ class Settings(RigSettings):
     forwarded_allow_ips: CommaList = Field(
         default=(),
         description=(
-            "comma list of proxy addresses or networks (or `*`) trusted to say who the client "
-            "is in `X-Forwarded-For`; the failed-token throttles count per client; empty: "
-            "no proxy is trusted, the client is the connection's peer"
+            "comma list of proxy addresses or networks (or `*`) whose `X-Forwarded-For` and "
+            "`X-Forwarded-Proto` are believed (the client the failed-token throttles count, "
+            "the console cookie's Secure flag); from anyone else those headers are ignored. "
+            "Empty: no proxy is trusted, the client is the connection's peer"
         ),
     )
     http_root_path: str = Field(
@@ -258,16 +259,24 @@ class Settings(RigSettings):
     @field_validator("forwarded_allow_ips")
     @classmethod
     def _proxy_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Each entry as the proxy middleware reads it: an address, a network in its canonical
+        form (`10.1.2.3/8` is `10.0.0.0/8`: a non-canonical one would be taken for a name and
+        trust nobody), or `*`."""
+        checked: list[str] = []
         for entry in value:
             if entry == "*":
+                checked.append(entry)
                 continue
             try:
-                ipaddress.ip_network(entry, strict=False)
+                if "/" in entry:
+                    checked.append(str(ipaddress.ip_network(entry, strict=False)))
+                else:
+                    checked.append(str(ipaddress.ip_address(entry)))
             except ValueError:
                 raise ValueError(
                     f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
                 ) from None
-        return value
+        return tuple(checked)
 
     @field_validator("session_secret")
     @classmethod

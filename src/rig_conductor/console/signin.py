@@ -3,8 +3,9 @@
 The sign-in form carries a CSRF token bound to a cookie of its own (there is no session yet),
 so another site cannot sign a browser in with its own token. A token that is not valid is
 logged and recorded (`operations.sessions.sign_in_failed`), and an address that keeps failing
-is made to wait (`SignInThrottle`): its wrong tokens get 429, a valid token still signs in. Signing out ends the session on the server too. Where a
-sign-in leads (`next`) is always a path of this console (`web.safe_next`): no open redirect.
+is made to wait (`SignInThrottle`): its wrong tokens get 429, a valid token still signs in.
+Signing out ends the session on the server too. Where a sign-in leads (`next`) is always a
+path of this console (`web.safe_next`): no open redirect.
 """
 
 from __future__ import annotations
