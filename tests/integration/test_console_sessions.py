@@ -45,10 +45,17 @@ async def test_pages_need_a_session_and_sign_in_sets_a_strict_cookie(
 
 
 async def test_behind_an_https_ingress_the_cookies_are_host_cookies(
-    console: httpx.AsyncClient,
+    build: Callable[..., FastAPI],
 ) -> None:
-    form = await console.get("/ui/login", headers={"X-Forwarded-Proto": "https"})
-    assert _attributes(form, f"__Host-{session.PRE_COOKIE}") >= {"secure", "path=/"}
+    """Only behind a proxy of RIG_FORWARDED_ALLOW_IPS (the test client's peer is 127.0.0.1):
+    from anyone else, `X-Forwarded-Proto: https` over plain http is ignored."""
+    https = {"X-Forwarded-Proto": "https"}
+    async for console in client_of(build(forwarded_allow_ips="127.0.0.1")):
+        form = await console.get("/ui/login", headers=https)
+        assert _attributes(form, f"__Host-{session.PRE_COOKIE}") >= {"secure", "path=/"}
+    async for console in client_of(build(forwarded_allow_ips="10.0.0.0/8")):
+        form = await console.get("/ui/login", headers=https)
+        assert "secure" not in _attributes(form, session.PRE_COOKIE)
 
 
 @pytest.mark.parametrize("root", ["", "/rig"])
