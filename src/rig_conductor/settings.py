@@ -128,6 +128,14 @@ class Settings(RigSettings):
         default=604_800_000,
         gt=0,
     )
+    max_consumers_per_agent: int = Field(
+        description=(
+            "the most consumers one agent may register: a heartbeat naming one more gets 409 "
+            "and registers nothing (known consumers keep being heard)"
+        ),
+        default=1000,
+        ge=1,
+    )
     dry_run: bool = Field(
         default=False, description="log and count decisions, change nothing in Redis"
     )

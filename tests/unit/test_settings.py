@@ -26,6 +26,7 @@ CONTRACT_DEFAULTS = {
     "RIG_ENTRY_DEADLINE_MS": 3_600_000,
     "RIG_RECLAIM_DEGRADED": True,
     "RIG_DEGRADED_GRACE_MS": 300_000,
+    "RIG_MAX_CONSUMERS_PER_AGENT": 1000,
     "RIG_AGENT_FORGET_MS": 604_800_000,
     "RIG_DRY_RUN": False,
     "RIG_K8S_ENABLED": "auto",
@@ -134,6 +135,7 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_AGENT_TOKENS", ":no-agent-before-the-colon", "`<agentId>:<token>`"),
         ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.1,proxy.local", "'proxy.local' is not an IP"),
         ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.0/33", "'10.0.0.0/33' is not an IP"),
+        ("RIG_MAX_CONSUMERS_PER_AGENT", "0", "greater than or equal to 1"),
         ("RIG_ALLOW_ANONYMOUS", "sometimes", "valid boolean"),
     ],
 )

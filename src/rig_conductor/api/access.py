@@ -15,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles, throttle
+from rig_conductor import lograte, roles, throttle
 from rig_conductor.adapters import token_review
 from rig_conductor.domain import ConsumerName
 
@@ -25,8 +25,12 @@ RETRY_AFTER_S = b"5"
 
 
 class AccessLog:
-    def __init__(self, app: ASGIApp) -> None:
+    """One line per request; a client's mistakes (4xx) at a bounded rate per status, so a
+    flood of refused requests does not flood the log (`lograte`)."""
+
+    def __init__(self, app: ASGIApp, refusal_log: lograte.RateLimitedLog | None = None) -> None:
         self.app = app
+        self.refusal_log = refusal_log or lograte.RateLimitedLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,23 +50,25 @@ class AccessLog:
         finally:
             level = logging.DEBUG if status < 400 else logging.INFO
             if logger.isEnabledFor(level):
-                client = scope.get("client")
-                duration_ms = round((time.perf_counter() - started) * 1000, 1)
-                logger.log(
-                    level,
-                    "%s %s %d %.1fms",
-                    scope["method"],
-                    scope["path"],
-                    status,
-                    duration_ms,
-                    extra={
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "status": status,
-                        "durationMs": duration_ms,
-                        "client": client[0] if client else None,
-                    },
-                )
+                self._log(scope, level, status, round((time.perf_counter() - started) * 1000, 1))
+
+    def _log(self, scope: Scope, level: int, status: int, duration_ms: float) -> None:
+        client = scope.get("client")
+        args = (scope["method"], scope["path"], status, duration_ms)
+        extra = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "durationMs": duration_ms,
+            "client": client[0] if client else None,
+        }
+        if 400 <= status < 500:
+            self.refusal_log.log(logger, level, f"HTTP {status}", _LINE, *args, extra=extra)
+        else:
+            logger.log(level, _LINE, *args, extra=extra)
+
+
+_LINE = "%s %s %d %.1fms"
 
 
 # Wrong tokens a client may present in a row before it must wait (1 s, doubling up to 60 s).
@@ -94,11 +100,13 @@ class RoleGuard:
         tokens: roles.Tokens,
         failed_tokens: throttle.FailureThrottle,
         reviewer: token_review.TokenReviewer | None = None,
+        refusal_log: lograte.RateLimitedLog | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.failed_tokens = failed_tokens
         self.reviewer = reviewer
+        self.refusal_log = refusal_log or lograte.RateLimitedLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -176,7 +184,9 @@ class RoleGuard:
         try:
             identity = await self.reviewer.review(presented)
         except token_review.Unauthenticated as exc:
-            logger.info("TokenReview refused a token: %s", exc)
+            self.refusal_log.log(
+                logger, logging.INFO, "TokenReview refused", "TokenReview refused a token: %s", exc
+            )
             return None
         return roles.pod(ConsumerName(identity.pod), identity.namespace)
 

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles, throttle
+from rig_conductor import lograte, roles, throttle
 from rig_conductor.adapters import failures, redis_keys, token_review
 from rig_conductor.api.access import (
     API_FREE_FAILURES,
@@ -167,7 +167,9 @@ def install(
     tokens: roles.Tokens,
     root_path: str = "",
     reviewer: token_review.TokenReviewer | None = None,
+    refusal_log: lograte.RateLimitedLog | None = None,
 ) -> None:
+    refusal_log = refusal_log or lograte.RateLimitedLog()
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(NotLeading, _not_leading)
@@ -182,9 +184,13 @@ def install(
     # drive its clock.
     app.state.api_throttle = throttle.FailureThrottle(free=API_FREE_FAILURES)
     app.add_middleware(
-        RoleGuard, tokens=tokens, failed_tokens=app.state.api_throttle, reviewer=reviewer
+        RoleGuard,
+        tokens=tokens,
+        failed_tokens=app.state.api_throttle,
+        reviewer=reviewer,
+        refusal_log=refusal_log,
     )
-    app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too
+    app.add_middleware(AccessLog, refusal_log=refusal_log)  # sees 401s, 403s and 413s too
     app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
 
 
