@@ -23,7 +23,8 @@ from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
-# Runs one scan now (after any scan in progress) and returns its report; raises
+# Runs one scan now (shared with the requests that arrive with it: `reaper.coalesce`) and
+# returns its report; raises
 # `domain.NotLeading` for a non-dry scan on a replica that is not the active reaper.
 ScanNow = Callable[[bool | None], Awaitable[ScanReport]]
 # Runs a dry-run scan for the views (its report not kept among the last scans).
