@@ -56,10 +56,9 @@ class Runtime:
     measuring: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
-        bound = self.tokens.bound_agents if self.tokens is not None else frozenset()
         self.known_agents = KnownAgents(
             functools.partial(queries.agent_ids, self.engine, tenant=self.settings.tenant),
-            configured=[*self.settings.agent_ids, *bound],
+            configured=self.settings.known_agents,  # the reaper's list too
         )
         tenant = self.settings.tenant
 

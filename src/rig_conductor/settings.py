@@ -252,6 +252,14 @@ class Settings(RigSettings):
         return value
 
     @property
+    def known_agents(self) -> tuple[str, ...]:
+        """The agents the settings name: RIG_AGENT_IDS, then those RIG_AGENT_TOKENS binds tokens
+        to. The one list the API (who may speak for whom), the views and the reaper (consumer ->
+        agent, rule 2; who stays listed) start from, so they never disagree about an agent."""
+        bound = (agent for agent, _ in self.bound_tokens)
+        return tuple(dict.fromkeys((*self.agent_ids, *bound)))
+
+    @property
     def bound_tokens(self) -> list[tuple[str, bytes]]:
         """RIG_AGENT_TOKENS as (agent id, token) pairs."""
         pairs = (item.get_secret_value().rpartition(":") for item in self.agent_tokens)

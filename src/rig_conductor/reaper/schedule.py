@@ -280,7 +280,7 @@ class ReaperService:
         if self._metrics is None:
             return
         cutoff = time.time() - self._settings.agent_forget_ms / 1000
-        keep = {*self._settings.agent_ids}
+        keep = {*self._settings.known_agents}
         gone = self._metrics.forget_silent(before=cutoff, keep=keep)
         if gone:
             logger.info("Metrics: dropped the series of %d agents no longer heard from", len(gone))
