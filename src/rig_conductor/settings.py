@@ -122,8 +122,8 @@ class Settings(RigSettings):
     agent_forget_ms: int = Field(
         description=(
             "an agent or consumer not heard from for this long leaves the registry: its "
-            "heartbeat rows and metric series are dropped (agents named in `RIG_AGENT_IDS` "
-            "stay listed); at least `RIG_AGENT_DOWN_MS`"
+            "heartbeat rows and metric series are dropped (agents named in `RIG_AGENT_IDS` or "
+            "`RIG_AGENT_TOKENS` stay listed); at least `RIG_AGENT_DOWN_MS`"
         ),
         default=604_800_000,
         gt=0,
