@@ -117,14 +117,29 @@ async def _redis_refused(request: Request, exc: Exception) -> Response:
 
 async def _refused_request(request: Request, exc: Exception) -> Response:
     """Redis refused what the client named (`failures.named_by_request`): the client's mistake."""
-    logger.info("%s %s answered 422: Redis refused: %s", request.method, request.url.path, exc)
+    _refusal_log(request).log(
+        logger, logging.INFO, "Redis refused", "%s %s answered 422: Redis refused: %s",
+        request.method, request.url.path, exc,
+    )  # fmt: skip
     return _client_mistake(request, f"Redis refused the request: {exc}")
 
 
 async def _bad_stream_name(request: Request, exc: Exception) -> Response:
     """A stream name the key helpers cannot work with (`redis_keys.BadStreamName`)."""
-    logger.info("%s %s answered 422: %s", request.method, request.url.path, exc)
+    _refusal_log(request).log(
+        logger, logging.INFO, "Bad stream name", "%s %s answered 422: %s",
+        request.method, request.url.path, exc,
+    )  # fmt: skip
     return _client_mistake(request, str(exc))
+
+
+def _refusal_log(request: Request) -> lograte.RateLimitedLog:
+    """The app's bounded log of refusals (a fresh one for an app built without it)."""
+    found = getattr(request.app.state, "refusal_log", None)
+    if found is None:
+        found = request.app.state.refusal_log = lograte.RateLimitedLog()
+    assert isinstance(found, lograte.RateLimitedLog)
+    return found
 
 
 def _client_mistake(request: Request, detail: str) -> Response:
