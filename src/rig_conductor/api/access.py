@@ -120,19 +120,20 @@ class RoleGuard:
         if not self.tokens.open:
             authorization = header(scope, b"authorization")
             scheme, _, presented = (authorization or b"").partition(b" ")
-            found = self._caller(scheme, presented.strip())
+            token = presented.strip()
+            found = self._caller(scheme, token)
             if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
-                found = self._known_pod(presented.strip())
-                if found is None and await self._throttled(scope, send):
-                    return  # in its 429 window: no TokenReview is spent on this client
-            if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
-                try:
-                    found = await self._pod(presented.strip())
-                except token_review.ReviewUnavailable as exc:
-                    logger.warning("TokenReview failed, answering 503: %s", exc)
-                    detail = "the Kubernetes API cannot review the token now; retry later"
-                    await answer(send, 503, detail, [(b"retry-after", RETRY_AFTER_S)])
-                    return
+                found = self._known_pod(token)
+                if found is None:
+                    if await self._throttled(scope, send):
+                        return  # in its 429 window: no TokenReview is spent on this client
+                    try:
+                        found = await self._pod(token)
+                    except token_review.ReviewUnavailable as exc:
+                        logger.warning("TokenReview failed, answering 503: %s", exc)
+                        detail = "the Kubernetes API cannot review the token now; retry later"
+                        await answer(send, 503, detail, [(b"retry-after", RETRY_AFTER_S)])
+                        return
             if found is None:
                 await self._refuse(scope, send, presented=authorization is not None)
                 return
