@@ -233,6 +233,11 @@ def log_lines_page() -> str:
         "client and no name in Redis can start a line of its own; JSON escapes them as JSON does.",
         "Every `[StreamReclaim]` line, the scan's and the console's alike, comes from the logger",
         f"`{reclaim_logger.name}`, whichever module holds its text.",
+        "Lines about refused requests (the `4xx` request lines, refused speakers, reports,",
+        "sign-ins and TokenReviews, fenced reports, the consumer limit) are written at most",
+        "ten a minute per reason (`rig_conductor.lograte`); the next one of a reason after",
+        "that says how many were left out: `<reason>: N more like this suppressed in the last",
+        "S s`.",
         "",
     ]
     for prefix, rows in found.items():

@@ -11,8 +11,9 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from kubernetes.client import ApiClient
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from rig_conductor import __version__, console, roles
+from rig_conductor import __version__, console, lograte, roles
 from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
@@ -50,7 +51,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         parts = _Parts(settings, metrics, kube=kube, schedule_reaper=schedule_reaper)
-        app.state.runtime = parts.runtime(tokens)
+        app.state.runtime = parts.runtime(tokens, app.state.refusal_log)
         await parts.start()
         if tokens.open:
             logger.warning(
@@ -74,14 +75,26 @@ def create_app(
         redoc_url=None,
     )
     app.state.metrics = metrics
+    app.state.refusal_log = lograte.RateLimitedLog()  # one per app: each counts apart
     app.add_middleware(heartbeat_lane.HeartbeatLane)  # first added: innermost
-    errors.install(app, tokens=tokens, root_path=settings.http_root_path, reviewer=reviewer)
+    errors.install(
+        app,
+        tokens=tokens,
+        root_path=settings.http_root_path,
+        reviewer=reviewer,
+        refusal_log=app.state.refusal_log,
+    )
     events.install(app)
     app.include_router(views.router, prefix="/api")
     app.include_router(deadletters.router, prefix="/api")
     app.include_router(health.router)
     console.install(app, tokens=tokens)
     app.add_middleware(ServerTiming)  # console pages and /api views: the time to answer
+    if settings.forwarded_allow_ips:
+        # Outermost: the client address (the throttles, the request log) and the scheme (the
+        # console cookie's Secure flag) of every layer come from the trusted proxies'
+        # X-Forwarded-For / X-Forwarded-Proto, and from nobody else's.
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.forwarded_allow_ips))
     return app
 
 
@@ -128,7 +141,7 @@ class _Parts:
         if pods is not None:
             pods.on_gone = self.reaper.on_pod_gone
 
-    def runtime(self, tokens: roles.Tokens) -> Runtime:
+    def runtime(self, tokens: roles.Tokens, refusal_log: lograte.RateLimitedLog) -> Runtime:
         """What the routes and the console reach through `app.state.runtime`."""
         return Runtime(
             self.settings,
@@ -142,6 +155,7 @@ class _Parts:
             topology=self.topology,
             tokens=tokens,
             pods=self.pods.tracker.states if self.pods else None,
+            refusal_log=refusal_log,
         )
 
     async def start(self) -> None:

@@ -135,10 +135,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=settings.http_port,
         log_config=None,  # keep our dictConfig (text or JSON) for uvicorn's records too
         access_log=False,
-        # The client address behind trusted proxies only (X-Forwarded-For): the failed-token
-        # throttles count per client. uvicorn trusts 127.0.0.1 unless told otherwise.
-        proxy_headers=bool(settings.forwarded_allow_ips),
-        forwarded_allow_ips=list(settings.forwarded_allow_ips) or None,
+        # Forwarding headers are the app's to believe, from RIG_FORWARDED_ALLOW_IPS only
+        # (`app.create_app`). uvicorn's own handling would trust 127.0.0.1 (or whatever its
+        # FORWARDED_ALLOW_IPS says) by default: off, whatever the environment.
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=30,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import posixpath
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,13 +58,21 @@ NAME_MAX_LENGTH = 200
 def name(text: str) -> str:
     """`text` as a name (agent id, consumer, stream, group); ValueError saying why it is not one.
 
-    1..NAME_MAX_LENGTH characters without control characters: a name ends up in log lines,
-    metric labels and console pages, where a newline would forge a line of its own.
+    1..NAME_MAX_LENGTH characters without control characters and without Unicode format
+    characters (category Cf: bidi overrides such as U+202E, zero-width ones such as U+200B): a
+    name ends up in log lines, metric labels and console pages, where a newline would forge a
+    line of its own and a format character would make one name look like another.
     """
     if not isinstance(text, str) or not 1 <= len(text) <= NAME_MAX_LENGTH:
         raise ValueError(f"must be 1 to {NAME_MAX_LENGTH} characters")
     if (found := CONTROL.search(text)) is not None:
         raise ValueError(f"must not contain control characters (found {found.group()!r})")
+    if not text.isascii():  # ASCII has no format character: most names stop here
+        for char in text:
+            if unicodedata.category(char) == "Cf":
+                raise ValueError(
+                    f"must not contain Unicode format characters (found U+{ord(char):04X})"
+                )
     return text
 
 

@@ -12,17 +12,19 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor import roles
-from rig_conductor.adapters.postgres import queries
+from rig_conductor import lograte, roles
+from rig_conductor.adapters.postgres import queries, registrations
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis_client import AnyRedis, Topology
-from rig_conductor.domain import ConsumerName, PodState
+from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.metrics import Metrics
+from rig_conductor.operations.registrations import ConsumerLimit
 from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
-# Runs one scan now (after any scan in progress) and returns its report; raises
+# Runs one scan now (shared with the requests that arrive with it: `reaper.coalesce`) and
+# returns its report; raises
 # `domain.NotLeading` for a non-dry scan on a replica that is not the active reaper.
 ScanNow = Callable[[bool | None], Awaitable[ScanReport]]
 # Runs a dry-run scan for the views (its report not kept among the last scans).
@@ -44,16 +46,33 @@ class Runtime:
     tokens: roles.Tokens | None = None
     # What Kubernetes last said about each pod (= consumer); None with Kubernetes off.
     pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
+    # Lines about refused requests, at a bounded rate (the app's, shared with its middleware).
+    refusal_log: lograte.RateLimitedLog = field(default_factory=lograte.RateLimitedLog)
     # The agents consumer names resolve against when a bound credential speaks.
     known_agents: KnownAgents = field(init=False)
+    # How many consumers each agent may register (RIG_MAX_CONSUMERS_PER_AGENT).
+    consumers: ConsumerLimit = field(init=False)
     # Held while a view measures the fleet anew (`operations.measured.fresh`): one at a time.
     measuring: asyncio.Lock = field(init=False, default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
-        bound = self.tokens.bound_agents if self.tokens is not None else frozenset()
         self.known_agents = KnownAgents(
             functools.partial(queries.agent_ids, self.engine, tenant=self.settings.tenant),
-            configured=[*self.settings.agent_ids, *bound],
+            configured=self.settings.known_agents,  # the reaper's list too
+        )
+        tenant = self.settings.tenant
+
+        async def standing(
+            agent: AgentId, consumer: ConsumerName, upto: int
+        ) -> registrations.Standing:
+            return await registrations.standing(
+                self.engine, tenant=tenant, agent=agent, consumer=consumer, upto=upto
+            )
+
+        self.consumers = ConsumerLimit(
+            standing,
+            limit=self.settings.max_consumers_per_agent,
+            remember_s=self.settings.agent_forget_ms / 1000,
         )
 
     def servers(self) -> Topology:

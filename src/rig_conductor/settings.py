@@ -122,11 +122,19 @@ class Settings(RigSettings):
     agent_forget_ms: int = Field(
         description=(
             "an agent or consumer not heard from for this long leaves the registry: its "
-            "heartbeat rows and metric series are dropped (agents named in `RIG_AGENT_IDS` "
-            "stay listed); at least `RIG_AGENT_DOWN_MS`"
+            "heartbeat rows and metric series are dropped (agents named in `RIG_AGENT_IDS` or "
+            "`RIG_AGENT_TOKENS` stay listed); at least `RIG_AGENT_DOWN_MS`"
         ),
         default=604_800_000,
         gt=0,
+    )
+    max_consumers_per_agent: int = Field(
+        description=(
+            "the most consumers one agent may register: a heartbeat naming one more gets 409 "
+            "and registers nothing (known consumers keep being heard)"
+        ),
+        default=1000,
+        ge=1,
     )
     dry_run: bool = Field(
         default=False, description="log and count decisions, change nothing in Redis"
@@ -183,9 +191,10 @@ class Settings(RigSettings):
     forwarded_allow_ips: CommaList = Field(
         default=(),
         description=(
-            "comma list of proxy addresses or networks (or `*`) trusted to say who the client "
-            "is in `X-Forwarded-For`; the failed-token throttles count per client; empty: "
-            "no proxy is trusted, the client is the connection's peer"
+            "comma list of proxy addresses or networks (or `*`) whose `X-Forwarded-For` and "
+            "`X-Forwarded-Proto` are believed (the client the failed-token throttles count, "
+            "the console cookie's Secure flag); from anyone else those headers are ignored. "
+            "Empty: no proxy is trusted, the client is the connection's peer"
         ),
     )
     http_root_path: str = Field(
@@ -243,6 +252,14 @@ class Settings(RigSettings):
         return value
 
     @property
+    def known_agents(self) -> tuple[str, ...]:
+        """The agents the settings name: RIG_AGENT_IDS, then those RIG_AGENT_TOKENS binds tokens
+        to. The one list the API (who may speak for whom), the views and the reaper (consumer ->
+        agent, rule 2; who stays listed) start from, so they never disagree about an agent."""
+        bound = (agent for agent, _ in self.bound_tokens)
+        return tuple(dict.fromkeys((*self.agent_ids, *bound)))
+
+    @property
     def bound_tokens(self) -> list[tuple[str, bytes]]:
         """RIG_AGENT_TOKENS as (agent id, token) pairs."""
         pairs = (item.get_secret_value().rpartition(":") for item in self.agent_tokens)
@@ -258,16 +275,24 @@ class Settings(RigSettings):
     @field_validator("forwarded_allow_ips")
     @classmethod
     def _proxy_addresses(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Each entry as the proxy middleware reads it: an address, a network in its canonical
+        form (`10.1.2.3/8` is `10.0.0.0/8`: a non-canonical one would be taken for a name and
+        trust nobody), or `*`."""
+        checked: list[str] = []
         for entry in value:
             if entry == "*":
+                checked.append(entry)
                 continue
             try:
-                ipaddress.ip_network(entry, strict=False)
+                if "/" in entry:
+                    checked.append(str(ipaddress.ip_network(entry, strict=False)))
+                else:
+                    checked.append(str(ipaddress.ip_address(entry)))
             except ValueError:
                 raise ValueError(
                     f"{entry!r} is not an IP address, a network (10.0.0.0/8) or *"
                 ) from None
-        return value
+        return tuple(checked)
 
     @field_validator("session_secret")
     @classmethod

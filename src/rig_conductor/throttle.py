@@ -23,10 +23,11 @@ class FailureThrottle:
 
     The first `free` failures in a row cost nothing; after that, each attempt must wait
     2^(n - free) s after the last failure (at most `max_wait_s`), and one made sooner is turned
-    away (the console's sign-in does not even look at its token; the API's guard turns away
-    only tokens that are not valid, so a valid one is never refused). `succeeded`, or `forget_s`
-    without a failure, clears the client; at most `max_clients` are kept, the least recently
-    failing dropped first. Replicas count apart and a restart forgets: it slows guessing down,
+    away. Both users look at the credential first and turn away only one that is not valid, so
+    a valid one is never refused, and a valid one does not clear the client either (behind a
+    proxy, a guesser shares its address with everyone). `succeeded`, or `forget_s` without a
+    failure, clears the client; at most `max_clients` are kept, the least recently failing
+    dropped first. Replicas count apart and a restart forgets: it slows guessing down,
     it does not lock anyone out for long. The client is its address, which is the proxy's
     unless the proxy is trusted (RIG_FORWARDED_ALLOW_IPS).
     """

@@ -156,7 +156,8 @@ async def test_a_stream_name_redis_refuses_answers_4xx(
     await redis.hset("a-hash:dlq", "k", "v")  # the dead letters of `a-hash` are not a stream
     await redis.set("a-string", "x")  # a stream name that holds a string, with a dead letter
     letter = await redis.xadd("a-string:dlq", {"originalId": "1-0", "issueId": "rc-1"})
-    async for api in _client(_build(make_settings)):
+    # Watched streams (RIG_STREAMS): the dead letters of any other are refused before Redis.
+    async for api in _client(_build(make_settings, streams=(S, "a-hash", "a-string"))):
         listed = await api.get("/api/deadletters", params={"stream": "a-hash"})
         assert listed.status_code == 422 and "WRONGTYPE" in listed.json()["detail"]
         params = {"stream": "a-hash", "dlqId": "1-0"}

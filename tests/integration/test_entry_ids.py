@@ -50,8 +50,8 @@ async def test_the_largest_id_redis_takes_is_accepted(console: httpx.AsyncClient
 async def test_a_redis_refusal_caused_by_the_request_is_not_an_outage(
     console: httpx.AsyncClient, redis: Redis
 ) -> None:
-    await redis.set("plain:dlq", "not a stream")
-    answer = await console.get("/api/deadletters", params={"stream": "plain"}, headers=BEARER)
+    await redis.set(f"{S}:dlq", "not a stream")
+    answer = await console.get("/api/deadletters", params={"stream": S}, headers=BEARER)
     assert answer.status_code == 422, answer.text
     assert "unavailable" not in answer.text and "WRONGTYPE" in answer.json()["detail"]
     assert "retry-after" not in answer.headers

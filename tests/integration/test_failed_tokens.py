@@ -1,5 +1,6 @@
 """Wrong tokens slowed down per client (429 with Retry-After), a valid token never refused, and
-the client address taken from X-Forwarded-For only behind a trusted proxy."""
+the client address (X-Forwarded-For) and scheme (X-Forwarded-Proto) taken from forwarding
+headers only behind a trusted proxy (RIG_FORWARDED_ALLOW_IPS)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,16 @@ def _sign_ins_refused(stderr: str) -> list[str]:
     return [r["client"] for r in records if "Sign-in refused" in r.get("message", "")]
 
 
-@pytest.mark.parametrize(("trusted", "seen"), [("127.0.0.1", GUESSER), ("", "127.0.0.1")])
-async def test_the_client_is_read_from_x_forwarded_for_only_behind_a_trusted_proxy(
+@pytest.mark.parametrize(
+    ("trusted", "seen"),
+    [
+        ("127.0.0.1", GUESSER),
+        ("127.0.0.0/8", GUESSER),
+        ("", "127.0.0.1"),  # nobody trusted: not even the loopback uvicorn trusts by default
+        ("192.0.2.0/24", "127.0.0.1"),  # proxies elsewhere: this peer is not one of them
+    ],
+)
+async def test_forwarding_headers_are_believed_only_from_a_trusted_proxy(
     redis: Redis, redis_url: str, database_url: str, trusted: str, seen: str
 ) -> None:
     forwarded = {"X-Forwarded-For": f"{GUESSER}, 127.0.0.1"}  # the proxy appends its peer
@@ -117,5 +126,11 @@ async def test_the_client_is_read_from_x_forwarded_for_only_behind_a_trusted_pro
         assert wrong.status_code == 401
         signed = await post_sign_in(client, {"token": "guess-1"}, headers=forwarded)
         assert signed.status_code == 401
+        # Plain http claiming https: a Secure `__Host-` cookie only on a trusted proxy's word.
+        form = await client.get("/ui/login", headers={"X-Forwarded-Proto": "https"})
+        cookie = form.headers["set-cookie"]
     assert _clients_logged(conductor.stderr)[:1] == [seen]
     assert _sign_ins_refused(conductor.stderr) == [seen]
+    believed = seen == GUESSER
+    assert cookie.startswith("__Host-rig_signin=") is believed
+    assert ("; secure" in cookie.lower()) is believed

@@ -26,6 +26,7 @@ CONTRACT_DEFAULTS = {
     "RIG_ENTRY_DEADLINE_MS": 3_600_000,
     "RIG_RECLAIM_DEGRADED": True,
     "RIG_DEGRADED_GRACE_MS": 300_000,
+    "RIG_MAX_CONSUMERS_PER_AGENT": 1000,
     "RIG_AGENT_FORGET_MS": 604_800_000,
     "RIG_DRY_RUN": False,
     "RIG_K8S_ENABLED": "auto",
@@ -78,7 +79,7 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RIG_K8S_ENABLED", "FALSE")
     monkeypatch.setenv("RIG_LOG_FORMAT", "json")
     monkeypatch.setenv("RIG_API_TOKENS", "s3cret-token-0123,other-token-01234")
-    monkeypatch.setenv("RIG_FORWARDED_ALLOW_IPS", "10.0.0.0/8, 127.0.0.1,")
+    monkeypatch.setenv("RIG_FORWARDED_ALLOW_IPS", "10.1.2.3/8, 127.0.0.1,")
     settings = load_settings()
     assert settings.streams == ("rig:dispatch", "assignments:*")
     assert settings.agent_ids == ("review-e", "review-e-codex")
@@ -91,6 +92,7 @@ def test_environment_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
         "s3cret-token-0123",
         "other-token-01234",
     ]
+    # A network in the canonical form the proxy middleware matches (else it would trust nobody).
     assert settings.forwarded_allow_ips == ("10.0.0.0/8", "127.0.0.1")
     assert "s3cret" not in repr(settings.describe())
 
@@ -132,6 +134,8 @@ def test_dotenv_file_is_read(monkeypatch: pytest.MonkeyPatch, tmp_path: object) 
         ("RIG_AGENT_TOKENS", "no-agent-named-here-0123", "`<agentId>:<token>`"),
         ("RIG_AGENT_TOKENS", ":no-agent-before-the-colon", "`<agentId>:<token>`"),
         ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.1,proxy.local", "'proxy.local' is not an IP"),
+        ("RIG_FORWARDED_ALLOW_IPS", "10.0.0.0/33", "'10.0.0.0/33' is not an IP"),
+        ("RIG_MAX_CONSUMERS_PER_AGENT", "0", "greater than or equal to 1"),
         ("RIG_ALLOW_ANONYMOUS", "sometimes", "valid boolean"),
     ],
 )

@@ -13,6 +13,7 @@ from rig_conductor.adapters.token_review import (
     PodIdentity,
     Unauthenticated,
     identity_of,
+    looks_like_jwt,
     token_expiry,
 )
 
@@ -88,3 +89,22 @@ def test_the_expiry_is_read_from_the_payload_when_there_is_one(
     token: bytes, exp: float | None
 ) -> None:
     assert token_expiry(token) == exp
+
+
+@pytest.mark.parametrize(
+    ("token", "jwt"),
+    [
+        (b"eyJhbGciOiJSUzI1NiJ9.e30.c2ln", True),  # {"alg":"RS256"}.{}.sig
+        (b"eyJhbGciOiJSUzI1NiIsImtpZCI6IngifQ.eyJzdWIiOiJ4In0.c2lnbmF0dXJl", True),
+        (b"not-a-jwt-at-all-0123456789", False),
+        (b"aaaa.bbbb.cccc", False),  # three parts, the first no JSON
+        (b"eyJhbGciOiJSUzI1NiJ9.e30", False),  # two parts
+        (b"eyJhbGciOiJSUzI1NiJ9.e30.c2ln.ZXh0cmE", False),  # four
+        (b"eyJhbGciOiJSUzI1NiJ9..c2ln", False),  # an empty part
+        (b"eyJhbGciOiJSUzI1NiJ9.e30.c2ln+/==", False),  # not base64url
+        (b"WyJub3QiLCJhbiIsIm9iamVjdCJd.e30.c2ln", False),  # a JSON array, not an object
+        (b"", False),
+    ],
+)
+def test_only_a_jwt_shaped_token_is_worth_a_review(token: bytes, jwt: bool) -> None:
+    assert looks_like_jwt(token) is jwt

@@ -274,6 +274,8 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.reclaimDegraded | toString | quote }}
 - name: RIG_DEGRADED_GRACE_MS
   value: {{ $c.degradedGraceMs | int64 | quote }}
+- name: RIG_MAX_CONSUMERS_PER_AGENT
+  value: {{ $c.maxConsumersPerAgent | int64 | quote }}
 - name: RIG_DRY_RUN
   value: {{ $c.dryRun | toString | quote }}
 - name: RIG_K8S_ENABLED

@@ -12,6 +12,9 @@ itself, and never stores a token (the cache is keyed by its SHA-256). What a pod
   `NEGATIVE_TTL_S` (5 s) in a separate, smaller cache, so a spray of bad tokens can neither
   hammer the API server nor push the good reviews out. A failed call is never remembered.
 - Concurrent reviews of one token share one API call.
+- A token that is not shaped like a JWT (three base64url segments, the first a JSON object) is
+  refused without a call: no ServiceAccount token looks otherwise, and a spray of random
+  strings must cost the API server nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import binascii
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -46,6 +50,7 @@ NEGATIVE_ENTRIES = 1_000
 # A pod's token is a JWT of about a kilobyte; anything far larger is not worth an API call.
 MAX_TOKEN_BYTES = 16_384
 JWT_PARTS = 3  # header.payload.signature
+_BASE64URL = re.compile(rb"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,8 @@ class TokenReviewer:
 
     async def review(self, token: bytes) -> PodIdentity:
         """The pod `token` belongs to. Raises Unauthenticated or ReviewUnavailable."""
+        if not looks_like_jwt(token):
+            raise Unauthenticated("the token is not a JWT, so not a ServiceAccount token")
         key = hashlib.sha256(token).digest()
         remembered = self._recall(key)
         if remembered is not None:
@@ -123,6 +130,12 @@ class TokenReviewer:
             task.add_done_callback(lambda done: self._landed(key, done))
         # shield: one caller giving up (a client that hung up) does not cancel the others' call.
         return await asyncio.shield(task)
+
+    def accepted(self, token: bytes) -> PodIdentity | None:
+        """The pod of a token a review accepted lately (still cached), without any API call;
+        None otherwise. Lets a caller honour a known-good token before anything else."""
+        remembered = self._recall(hashlib.sha256(token).digest())
+        return remembered.identity if remembered is not None else None
 
     def cached(self) -> int:
         """How many successful reviews are held (for tests and metrics)."""
@@ -243,6 +256,22 @@ def token_expiry(token: bytes) -> float | None:
     if isinstance(exp, bool) or not isinstance(exp, int | float):
         return None
     return float(exp)
+
+
+def looks_like_jwt(token: bytes) -> bool:
+    """Whether `token` has a JWT's shape: `header.payload.signature`, each part base64url
+    (unpadded), the header a JSON object. Nothing is verified: it only spares the API server
+    the tokens that cannot be ServiceAccount tokens."""
+    if not token or len(token) > MAX_TOKEN_BYTES:
+        return False
+    parts = token.split(b".")
+    if len(parts) != JWT_PARTS or not all(parts) or not all(map(_BASE64URL.fullmatch, parts)):
+        return False
+    try:
+        header = json.loads(base64.urlsafe_b64decode(parts[0] + b"=" * (-len(parts[0]) % 4)))
+    except (binascii.Error, ValueError):
+        return False
+    return isinstance(header, dict)
 
 
 def build_reviewer(

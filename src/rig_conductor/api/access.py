@@ -15,7 +15,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles, throttle
+from rig_conductor import lograte, roles, throttle
 from rig_conductor.adapters import token_review
 from rig_conductor.domain import ConsumerName
 
@@ -25,8 +25,12 @@ RETRY_AFTER_S = b"5"
 
 
 class AccessLog:
-    def __init__(self, app: ASGIApp) -> None:
+    """One line per request; a client's mistakes (4xx) at a bounded rate per status, so a
+    flood of refused requests does not flood the log (`lograte`)."""
+
+    def __init__(self, app: ASGIApp, refusal_log: lograte.RateLimitedLog | None = None) -> None:
         self.app = app
+        self.refusal_log = refusal_log or lograte.RateLimitedLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,23 +50,25 @@ class AccessLog:
         finally:
             level = logging.DEBUG if status < 400 else logging.INFO
             if logger.isEnabledFor(level):
-                client = scope.get("client")
-                duration_ms = round((time.perf_counter() - started) * 1000, 1)
-                logger.log(
-                    level,
-                    "%s %s %d %.1fms",
-                    scope["method"],
-                    scope["path"],
-                    status,
-                    duration_ms,
-                    extra={
-                        "method": scope["method"],
-                        "path": scope["path"],
-                        "status": status,
-                        "durationMs": duration_ms,
-                        "client": client[0] if client else None,
-                    },
-                )
+                self._log(scope, level, status, round((time.perf_counter() - started) * 1000, 1))
+
+    def _log(self, scope: Scope, level: int, status: int, duration_ms: float) -> None:
+        client = scope.get("client")
+        args = (scope["method"], scope["path"], status, duration_ms)
+        extra = {
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "durationMs": duration_ms,
+            "client": client[0] if client else None,
+        }
+        if 400 <= status < 500:
+            self.refusal_log.log(logger, level, f"HTTP {status}", _LINE, *args, extra=extra)
+        else:
+            logger.log(level, _LINE, *args, extra=extra)
+
+
+_LINE = "%s %s %d %.1fms"
 
 
 # Wrong tokens a client may present in a row before it must wait (1 s, doubling up to 60 s).
@@ -82,7 +88,10 @@ class RoleGuard:
     With a `reviewer` (RIG_K8S_AGENT_AUTH), a bearer token that is none of the configured ones
     may be a pod's ServiceAccount token: a TokenReview (cached) decides. A review that says no
     is a wrong token (401, and counted); a Kubernetes API that cannot answer is 503 with
-    Retry-After, never 401: its outage must not look like a forgery.
+    Retry-After, never 401: its outage must not look like a forgery. The throttle comes before
+    the review: a client in its 429 window costs the API server nothing (only a token a review
+    accepted lately, still cached, passes without asking), and a token that is not a JWT is
+    never sent to a review at all (`token_review.looks_like_jwt`).
     """
 
     def __init__(
@@ -91,11 +100,13 @@ class RoleGuard:
         tokens: roles.Tokens,
         failed_tokens: throttle.FailureThrottle,
         reviewer: token_review.TokenReviewer | None = None,
+        refusal_log: lograte.RateLimitedLog | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.failed_tokens = failed_tokens
         self.reviewer = reviewer
+        self.refusal_log = refusal_log or lograte.RateLimitedLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -109,15 +120,20 @@ class RoleGuard:
         if not self.tokens.open:
             authorization = header(scope, b"authorization")
             scheme, _, presented = (authorization or b"").partition(b" ")
-            found = self._caller(scheme, presented.strip())
+            token = presented.strip()
+            found = self._caller(scheme, token)
             if found is None and self.reviewer is not None and scheme.lower() == b"bearer":
-                try:
-                    found = await self._pod(presented.strip())
-                except token_review.ReviewUnavailable as exc:
-                    logger.warning("TokenReview failed, answering 503: %s", exc)
-                    detail = "the Kubernetes API cannot review the token now; retry later"
-                    await answer(send, 503, detail, [(b"retry-after", RETRY_AFTER_S)])
-                    return
+                found = self._known_pod(token)
+                if found is None:
+                    if await self._throttled(scope, send):
+                        return  # in its 429 window: no TokenReview is spent on this client
+                    try:
+                        found = await self._pod(token)
+                    except token_review.ReviewUnavailable as exc:
+                        logger.warning("TokenReview failed, answering 503: %s", exc)
+                        detail = "the Kubernetes API cannot review the token now; retry later"
+                        await answer(send, 503, detail, [(b"retry-after", RETRY_AFTER_S)])
+                        return
             if found is None:
                 await self._refuse(scope, send, presented=authorization is not None)
                 return
@@ -133,18 +149,31 @@ class RoleGuard:
         """401, or 429 while this client must wait; only a presented token counts as a failure
         (a request without one guesses nothing)."""
         if presented:
-            client = scope.get("client")
-            address = client[0] if client else "unknown"
-            wait = self.failed_tokens.wait_s(address)
-            if wait > 0:
-                seconds = str(math.ceil(wait))
-                detail = f"too many invalid tokens from this address; retry in {seconds} s"
-                await answer(send, 429, detail, [(b"retry-after", seconds.encode())])
+            if await self._throttled(scope, send):
                 return
-            self.failed_tokens.failed(address)
+            self.failed_tokens.failed(client_address(scope))
         await answer(
             send, 401, "missing or invalid bearer token", [(b"www-authenticate", b"Bearer")]
         )
+
+    async def _throttled(self, scope: Scope, send: Send) -> bool:
+        """Answers 429 with Retry-After (and says True) while this client must wait."""
+        wait = self.failed_tokens.wait_s(client_address(scope))
+        if wait <= 0:
+            return False
+        seconds = str(math.ceil(wait))
+        detail = f"too many invalid tokens from this address; retry in {seconds} s"
+        await answer(send, 429, detail, [(b"retry-after", seconds.encode())])
+        return True
+
+    def _known_pod(self, presented: bytes) -> roles.Caller | None:
+        """The pod of a ServiceAccount token a review accepted lately: honoured before the
+        throttle is asked, so a pod that proved itself is never refused with 429."""
+        assert self.reviewer is not None
+        identity = self.reviewer.accepted(presented)
+        if identity is None:
+            return None
+        return roles.pod(ConsumerName(identity.pod), identity.namespace)
 
     def _caller(self, scheme: bytes, presented: bytes) -> roles.Caller | None:
         caller = self.tokens.caller(presented)
@@ -156,7 +185,9 @@ class RoleGuard:
         try:
             identity = await self.reviewer.review(presented)
         except token_review.Unauthenticated as exc:
-            logger.info("TokenReview refused a token: %s", exc)
+            self.refusal_log.log(
+                logger, logging.INFO, "TokenReview refused", "TokenReview refused a token: %s", exc
+            )
             return None
         return roles.pod(ConsumerName(identity.pod), identity.namespace)
 
@@ -213,6 +244,13 @@ def replay(messages: list[Message], receive: Receive) -> Receive:
         return await receive()
 
     return replayed
+
+
+def client_address(scope: Scope) -> str:
+    """The client's address: the connection's peer, or what a trusted proxy forwarded
+    (`RIG_FORWARDED_ALLOW_IPS`, applied before this app sees the request)."""
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rig_conductor import roles, throttle
+from rig_conductor import lograte, roles, throttle
 from rig_conductor.adapters import failures, redis_keys, token_review
 from rig_conductor.api.access import (
     API_FREE_FAILURES,
@@ -119,14 +119,29 @@ async def _redis_refused(request: Request, exc: Exception) -> Response:
 
 async def _refused_request(request: Request, exc: Exception) -> Response:
     """Redis refused what the client named (`failures.named_by_request`): the client's mistake."""
-    logger.info("%s %s answered 422: Redis refused: %s", request.method, request.url.path, exc)
+    _refusal_log(request).log(
+        logger, logging.INFO, "Redis refused", "%s %s answered 422: Redis refused: %s",
+        request.method, request.url.path, exc,
+    )  # fmt: skip
     return _client_mistake(request, f"Redis refused the request: {exc}")
 
 
 async def _bad_stream_name(request: Request, exc: Exception) -> Response:
     """A stream name the key helpers cannot work with (`redis_keys.BadStreamName`)."""
-    logger.info("%s %s answered 422: %s", request.method, request.url.path, exc)
+    _refusal_log(request).log(
+        logger, logging.INFO, "Bad stream name", "%s %s answered 422: %s",
+        request.method, request.url.path, exc,
+    )  # fmt: skip
     return _client_mistake(request, str(exc))
+
+
+def _refusal_log(request: Request) -> lograte.RateLimitedLog:
+    """The app's bounded log of refusals (a fresh one for an app built without it)."""
+    found = getattr(request.app.state, "refusal_log", None)
+    if found is None:
+        found = request.app.state.refusal_log = lograte.RateLimitedLog()
+    assert isinstance(found, lograte.RateLimitedLog)
+    return found
 
 
 def _client_mistake(request: Request, detail: str) -> Response:
@@ -169,7 +184,9 @@ def install(
     tokens: roles.Tokens,
     root_path: str = "",
     reviewer: token_review.TokenReviewer | None = None,
+    refusal_log: lograte.RateLimitedLog | None = None,
 ) -> None:
+    refusal_log = refusal_log or lograte.RateLimitedLog()
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(NotLeading, _not_leading)
@@ -184,9 +201,13 @@ def install(
     # drive its clock.
     app.state.api_throttle = throttle.FailureThrottle(free=API_FREE_FAILURES)
     app.add_middleware(
-        RoleGuard, tokens=tokens, failed_tokens=app.state.api_throttle, reviewer=reviewer
+        RoleGuard,
+        tokens=tokens,
+        failed_tokens=app.state.api_throttle,
+        reviewer=reviewer,
+        refusal_log=refusal_log,
     )
-    app.add_middleware(AccessLog)  # sees 401s, 403s and 413s too
+    app.add_middleware(AccessLog, refusal_log=refusal_log)  # sees 401s, 403s and 413s too
     app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
 
 

@@ -3,8 +3,9 @@
 The sign-in form carries a CSRF token bound to a cookie of its own (there is no session yet),
 so another site cannot sign a browser in with its own token. A token that is not valid is
 logged and recorded (`operations.sessions.sign_in_failed`), and an address that keeps failing
-is made to wait (`SignInThrottle`). Signing out ends the session on the server too. Where a
-sign-in leads (`next`) is always a path of this console (`web.safe_next`): no open redirect.
+is made to wait (`SignInThrottle`): its wrong tokens get 429, a valid token still signs in.
+Signing out ends the session on the server too. Where a sign-in leads (`next`) is always a
+path of this console (`web.safe_next`): no open redirect.
 """
 
 from __future__ import annotations
@@ -48,20 +49,21 @@ async def login(
     if not session.sign_in_csrf_ok(tokens, web.read_cookie(request, session.PRE_COOKIE), csrf):
         error = "The sign-in form had expired: sign in again."
         return _login_page(request, next=next, error=error, status=403)
-    client = request.client.host if request.client else "unknown"
-    wait = throttle(request).wait_s(client)
-    if wait > 0:
-        seconds = math.ceil(wait)
-        error = f"Too many failed sign-ins from your address: try again in {seconds} s."
-        page = _login_page(request, next=next, error=error, status=429)
-        page.headers["Retry-After"] = str(seconds)
-        return page
+    # The token first: a valid one always signs in, even from an address that is made to wait
+    # (behind an ingress, every browser shares the proxy's address, a guesser's too).
     signed = session.sign_in(tokens, token)
     if signed is None:
+        client = request.client.host if request.client else "unknown"
+        wait = throttle(request).wait_s(client)
+        if wait > 0:
+            seconds = math.ceil(wait)
+            error = f"Too many failed sign-ins from your address: try again in {seconds} s."
+            page = _login_page(request, next=next, error=error, status=429)
+            page.headers["Retry-After"] = str(seconds)
+            return page
         failures = throttle(request).failed(client)
         await sessions.sign_in_failed(web.runtime(request), client=client, failures=failures)
         return _login_page(request, next=next, error="That token is not valid.", status=401)
-    throttle(request).succeeded(client)
     _, cookie = signed
     response = web.redirect(request, "")
     response.headers["location"] = next

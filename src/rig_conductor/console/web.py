@@ -220,7 +220,10 @@ def problem(request: Request, status: int, message: str) -> HTMLResponse:
 
 
 def https(request: Request) -> bool:
-    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+    """Whether the browser's request came over https: the connection's own scheme, which a
+    proxy of RIG_FORWARDED_ALLOW_IPS may have set from `X-Forwarded-Proto` (`app.py`); the
+    header itself is never read here, so nobody else can claim https with it."""
+    return request.url.scheme == "https"
 
 
 def cookie_name(request: Request, name: str = session.COOKIE) -> str:

@@ -27,10 +27,16 @@ REGISTRY_MAX_AGE_S = 5.0
 
 class KnownAgents:
     """The agent ids consumer names resolve against (reaper rule 2) while the API runs: the
-    configured ones, those that hold bound tokens, the ones heard here, and the registry in
-    PostgreSQL (what other replicas heard), read again when older than `max_age_s`.
+    configured ones (`Settings.known_agents`: RIG_AGENT_IDS and the holders of bound tokens, as
+    for the reaper), the registry in PostgreSQL (what every replica heard and the reaper has not
+    forgotten), read again when older than `max_age_s`, and the ones heard here since the
+    registry was last read.
 
-    Only bound credentials ask for the index, so a fleet on unbound tokens never reads it.
+    Only bound credentials ask for the index, so a fleet on unbound tokens never reads it. What
+    is heard here is kept only until a read of the registry that started after it: that read
+    holds it (the heartbeat was stored first), or the registry forgot it since
+    (RIG_AGENT_FORGET_MS), and then it is forgotten here too. While nobody asks for the index,
+    nothing is kept at all: the next ask reads the registry anew.
     """
 
     def __init__(
@@ -43,7 +49,8 @@ class KnownAgents:
     ) -> None:
         self._read_registry = registry
         self._configured = frozenset(AgentId(agent) for agent in configured if agent)
-        self._heard: set[AgentId] = set()
+        # Heard here since the registry was last read: agent -> clock() when heard.
+        self._heard: dict[AgentId, float] = {}
         self._registry: frozenset[AgentId] = frozenset()
         self._max_age_s = max_age_s
         self._clock = clock
@@ -52,21 +59,33 @@ class KnownAgents:
         self._lock = asyncio.Lock()
 
     def heard(self, agent: str) -> None:
-        """An accepted heartbeat's agent: known at once, without waiting for the next read."""
+        """An accepted (stored) heartbeat's agent: known at once, without waiting for the next
+        read of the registry."""
+        if self._stale() and not self._lock.locked():
+            # The next index() reads the registry before it answers, and the registry holds
+            # this agent: nothing to keep (so a fleet nobody asks about costs no memory).
+            self._heard.clear()
+            return
         if agent not in self._heard and agent not in self._registry:
-            self._heard.add(AgentId(agent))
+            self._heard[AgentId(agent)] = self._clock()
             self._index = None
 
     async def index(self) -> AgentIndex:
-        if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
+        if self._stale():
             async with self._lock:
-                if self._read_at is None or self._clock() - self._read_at >= self._max_age_s:
+                if self._stale():
+                    started = self._clock()
                     self._registry = frozenset(map(AgentId, await self._read_registry()))
                     self._read_at = self._clock()
+                    # What was heard before the read began is in it, or was forgotten since.
+                    self._heard = {a: at for a, at in self._heard.items() if at >= started}
                     self._index = None
         if self._index is None:
-            self._index = AgentIndex(self._configured | self._registry | self._heard)
+            self._index = AgentIndex(self._configured | self._registry | self._heard.keys())
         return self._index
+
+    def _stale(self) -> bool:
+        return self._read_at is None or self._clock() - self._read_at >= self._max_age_s
 
 
 async def refusal(

@@ -38,8 +38,12 @@ async def signed_out(rt: Runtime, *, nonce: str) -> bool:
 
 
 async def sign_in_failed(rt: Runtime, *, client: str, failures: int) -> None:
-    """A sign-in with a token that is not valid: a warning and an event-log row."""
-    logger.warning(
+    """A sign-in with a token that is not valid: a warning (at a bounded rate) and an
+    event-log row."""
+    rt.refusal_log.log(
+        logger,
+        logging.WARNING,
+        "Sign-in refused",
         "[Console] Sign-in refused from %s: not a valid token (%d failed in a row)",
         client,
         failures,

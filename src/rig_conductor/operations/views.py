@@ -97,7 +97,7 @@ async def evidence(rt: Runtime, *, consumers: Collection[str] | None = None) -> 
     return await queries.load_evidence(
         rt.engine,
         tenant=rt.settings.tenant,
-        configured_agents=rt.settings.agent_ids,
+        configured_agents=rt.settings.known_agents,
         down_ms=rt.settings.agent_down_ms,
         pods=rt.pods() if rt.pods is not None else None,
         consumers=consumers,
@@ -115,7 +115,7 @@ async def agents(
     registry (keyset pages in PostgreSQL)."""
     tenant = rt.settings.tenant
     now, states = await queries.agents_page(
-        rt.engine, tenant=tenant, configured=rt.settings.agent_ids, after=after, limit=limit
+        rt.engine, tenant=tenant, configured=rt.settings.known_agents, after=after, limit=limit
     )
     consumers = await queries.freshest_consumers(
         rt.engine, tenant=tenant, agents=[s.agent_id for s in states], freshest=LISTED_CONSUMERS
@@ -132,7 +132,7 @@ async def agent(
     tenant = rt.settings.tenant
     now, state = await queries.agent_state(rt.engine, tenant=tenant, agent=agent_id)
     if state is None:
-        if agent_id not in rt.settings.agent_ids:
+        if agent_id not in rt.settings.known_agents:
             return None
         state = queries.AgentState(AgentId(agent_id), None, ())
     names = await queries.consumers_page(

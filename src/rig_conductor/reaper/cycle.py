@@ -90,7 +90,7 @@ async def reap_once(
         evidence = await queries.load_evidence(
             engine,
             tenant=settings.tenant,
-            configured_agents=settings.agent_ids,
+            configured_agents=settings.known_agents,
             down_ms=settings.agent_down_ms,
             pods=pods,
             pods_listed=pods_listed,
@@ -360,7 +360,7 @@ async def _forget(
     if report.dry_run or world.failed:
         return
     plan = registry.plan_forgetting(
-        groups, fleet, forget_ms=settings.agent_forget_ms, configured=settings.agent_ids
+        groups, fleet, forget_ms=settings.agent_forget_ms, configured=settings.known_agents
     )
     agents, consumers = await queries.forget_silent(
         engine,

@@ -1,12 +1,18 @@
 """The reaper inside `serve`: APScheduler runs one scan every RIG_SCAN_INTERVAL_S after
-RIG_STARTUP_DELAY_S, never two at once, and the event-log retention once a day. Every
-replica, leading or not, drops on that schedule the metric series of agents it no longer hears
-from (RIG_AGENT_FORGET_MS).
+RIG_STARTUP_DELAY_S, never two that change things at once, and the event-log retention once a
+day. Every replica, leading or not, drops on that schedule the metric series of agents it no
+longer hears from (RIG_AGENT_FORGET_MS).
 
 With several replicas only the elected one reaps (a Kubernetes Lease, else a PostgreSQL
 lease row); the others skip their scheduled scans. With Kubernetes on, each scan lists the
 agents' pods for evidence, a deleted pod triggers a scan at once (`on_pod_gone`), and consumers
 whose pods are gone and that hold nothing are deleted after the scan.
+
+Scans asked for through the API, the console and the views coalesce (`coalesce`): requests
+that arrive together share one scan and its report. Scans that may change things (scheduled,
+after a pod went, asked for without a dry run) run one at a time under one lock; asked-for dry
+runs run one at a time in a lane of their own beside them, so no flood of dry runs holds back
+a reclaim.
 
 A failing scan is logged and counted; the schedule carries on. So is a scheduled scan on a
 replica whose election cannot be decided (its backend, PostgreSQL or the Kubernetes API, is
@@ -30,7 +36,7 @@ from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.redis_client import Topology
 from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
 from rig_conductor.metrics import Metrics
-from rig_conductor.reaper import cycle, leader, observe, podwatch
+from rig_conductor.reaper import coalesce, cycle, leader, observe, podwatch
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
@@ -59,7 +65,12 @@ class ReaperService:
         self._tracker = tracker
         self._elector = elector
         self._detector = observe.Detector()
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # the scans that may change things: one at a time
+        # Scans asked for through the API, the console and the views, coalesced per lane: a
+        # change waits for the lock like a scheduled scan; a dry run changes nothing, so it
+        # runs in its own lane beside them and never holds back a scheduled scan's reclaims.
+        self._changes = coalesce.Lane(self._requested_change)
+        self._dry_runs = coalesce.Lane(self._requested_dry_run)
         self._scheduler = AsyncIOScheduler(timezone=UTC)
         self._jobs: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -104,6 +115,8 @@ class ReaperService:
         # A scheduled job in progress finishes first (the scheduler's shutdown cancels only the
         # job's wrapper, see _unless_stopping); so does a scan asked for through the API.
         await asyncio.gather(*self._jobs, return_exceptions=True)
+        await self._changes.wait()
+        await self._dry_runs.wait()
         async with self._lock:
             pass
 
@@ -134,36 +147,46 @@ class ReaperService:
         pods: Mapping[ConsumerName, PodState] | None = None,
         remember: bool = True,
     ) -> cycle.ScanReport:
-        """One scan now, after any scan already running. Raises what the scan raised.
+        """One scan now, after any scan already running that may change things. Raises what the
+        scan raised.
 
         `pods`: pod evidence to use instead of listing the pods (the watch's, after a deletion).
         `remember`: keep the report among the last scans (not a measurement for the views).
         """
         async with self._lock:
-            started = time.perf_counter()
-            try:
-                if pods is None and self._pods is not None:
-                    pods = await self._pods.scan()
-                report = await cycle.reap_once(
-                    redis=self._redis,
-                    engine=self._engine,
-                    settings=self._settings,
-                    dry_run=dry_run,
-                    pods=pods,
-                    pods_listed=self._pods is not None and self._pods.listed,
-                    probe=self._pods.probe if self._pods is not None else None,
-                    hygiene=self._pods is not None,
-                    metrics=self._metrics,
-                    detector=self._detector,
-                )
-            except Exception:
-                self._record("error", started)
-                raise
-            self._record("ok", started)
-            if self._metrics is not None:
-                self._metrics.blind_window.set(report.blind_ms / 1000)
-            if remember:
-                await self._remember(report)
+            return await self._scan(dry_run=dry_run, pods=pods, remember=remember)
+
+    async def _scan(
+        self,
+        *,
+        dry_run: bool | None,
+        pods: Mapping[ConsumerName, PodState] | None,
+        remember: bool,
+    ) -> cycle.ScanReport:
+        started = time.perf_counter()
+        try:
+            if pods is None and self._pods is not None:
+                pods = await self._pods.scan()
+            report = await cycle.reap_once(
+                redis=self._redis,
+                engine=self._engine,
+                settings=self._settings,
+                dry_run=dry_run,
+                pods=pods,
+                pods_listed=self._pods is not None and self._pods.listed,
+                probe=self._pods.probe if self._pods is not None else None,
+                hygiene=self._pods is not None,
+                metrics=self._metrics,
+                detector=self._detector,
+            )
+        except Exception:
+            self._record("error", started)
+            raise
+        self._record("ok", started)
+        if self._metrics is not None:
+            self._metrics.blind_window.set(report.blind_ms / 1000)
+        if remember:
+            await self._remember(report)
         self.last_report = report
         return report
 
@@ -179,16 +202,28 @@ class ReaperService:
             logger.warning("Scan report not stored: %s", cycle.describe_failure(exc))
 
     async def scan_now(self, dry_run: bool | None) -> ScanReport:
-        """A scan asked for through the API or the console, and its report. A change on a
-        replica that is not the active reaper raises NotLeading: two replicas never both act."""
-        if not self.leading and not (self._settings.dry_run if dry_run is None else dry_run):
+        """A scan asked for through the API or the console, and its report: of a scan that
+        started after the request arrived, shared with the requests that arrived with it
+        (`coalesce`). A change on a replica that is not the active reaper raises NotLeading:
+        two replicas never both act. Without `dry_run`, RIG_DRY_RUN decides."""
+        if self._settings.dry_run if dry_run is None else dry_run:
+            return await self._dry_runs.ask()
+        if not self.leading:
             raise NotLeading("this replica is not the active reaper")
-        return await self.scan(dry_run=dry_run)
+        return await self._changes.ask()
 
     async def measure(self) -> None:
         """A dry-run scan for the views, when no scan has measured the fleet lately
-        (`operations.measured`): its report is not kept among the last scans."""
-        await self.scan(dry_run=True, remember=False)
+        (`operations.measured`): its report is not kept among the last scans (unless a
+        requester it was shared with asked for that)."""
+        await self._dry_runs.ask(remember=False)
+
+    async def _requested_change(self, remember: bool) -> ScanReport:
+        return await self.scan(dry_run=False, remember=remember)
+
+    async def _requested_dry_run(self, remember: bool) -> ScanReport:
+        # Not under the lock: it changes nothing in Redis, and its lane runs one at a time.
+        return await self._scan(dry_run=True, pods=None, remember=remember)
 
     async def on_pod_gone(self, pod: PodName) -> None:
         """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""
@@ -245,7 +280,7 @@ class ReaperService:
         if self._metrics is None:
             return
         cutoff = time.time() - self._settings.agent_forget_ms / 1000
-        keep = {*self._settings.agent_ids}
+        keep = {*self._settings.known_agents}
         gone = self._metrics.forget_silent(before=cutoff, keep=keep)
         if gone:
             logger.info("Metrics: dropped the series of %d agents no longer heard from", len(gone))

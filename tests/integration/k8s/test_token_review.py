@@ -84,7 +84,10 @@ async def test_tokens_that_prove_no_pod_of_ours_are_refused(
 async def test_an_unknown_or_revoked_token_is_not_authenticated(
     kube: KubeStandIn, reviewer: TokenReviewer, clock: Clock
 ) -> None:
+    unknown = jwt({"sub": "system:serviceaccount:agents:rig-agent"})  # issued by nobody
     with pytest.raises(Unauthenticated, match=r"not authenticated: .*invalid bearer token"):
+        await reviewer.review(unknown.encode())
+    with pytest.raises(Unauthenticated, match="not a JWT"):  # never sent to the API server
         await reviewer.review(b"not-a-token-the-api-server-issued")
     revoked = kube.tokens.issue(namespace="agents")
     kube.tokens.revoke(revoked)

@@ -14,7 +14,7 @@ from rig_conductor import domain, roles
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, caller, runtime
 from rig_conductor.domain import StreamKey
-from rig_conductor.operations import deadletters
+from rig_conductor.operations import deadletters, views
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["dead letters"], responses=schemas.ERRORS)
@@ -27,8 +27,17 @@ async def list_dead_letters(
     rt: Annotated[Runtime, Depends(runtime)],
     stream: Annotated[schemas.NameParam | None, Query(max_length=domain.NAME_MAX_LENGTH)] = None,
     count: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> list[schemas.DeadLetterView]:
-    """The newest dead letters of `stream` (default: RIG_DISPATCH_STREAM), newest first."""
+) -> list[schemas.DeadLetterView] | JSONResponse:
+    """The newest dead letters of `stream` (default: RIG_DISPATCH_STREAM), newest first. Only a
+    stream the conductor watches (RIG_STREAMS, or the dispatch stream) has dead letters here:
+    any other name is a 422, so the route cannot be used to read other keys' neighbours."""
+    if stream is not None and not views.known_stream(rt.settings, stream):
+        message = f"{stream!r} is not a watched stream (RIG_STREAMS or RIG_DISPATCH_STREAM)"
+        problem = schemas.ValidationProblem(
+            detail=f"stream: {message}",
+            errors=[schemas.FieldProblem(field="stream", message=message, type="value_error")],
+        )
+        return JSONResponse(problem.model_dump(by_alias=True), status_code=422)
     key = StreamKey(stream or rt.settings.dispatch_stream)
     letters = await deadletters.newest(rt, stream=key, count=count)
     return [schemas.DeadLetterView(stream=key, **asdict(d)) for d in letters]

@@ -46,7 +46,8 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     409: {
         "model": schemas.Fenced,
         "description": "the report's attempt is outdated (fenced off), or the report does not "
-        "come from the entry's owner (refused: nothing recorded)",
+        "come from the entry's owner (refused: nothing recorded); a HEARTBEAT naming a consumer "
+        "past RIG_MAX_CONSUMERS_PER_AGENT (refused: nothing registered)",
     },
 }
 
@@ -99,7 +100,10 @@ async def _refused_speaker(
         )
     if refused is None:
         return None
-    logger.warning("Refused %s from %s: %s", event.type, caller.who, refused)
+    rt.refusal_log.log(
+        logger, logging.WARNING, "Refused speaker", "Refused %s from %s: %s",
+        event.type, caller.who, refused,
+    )  # fmt: skip
     return JSONResponse({"detail": refused}, status_code=403)
 
 
@@ -108,14 +112,29 @@ async def heartbeat(event: schemas.HeartbeatEvent, caller: roles.Caller, rt: Run
     lane (`api.heartbeat_lane`) that most heartbeats take."""
     if (refused := await _refused_speaker(event, caller, rt)) is not None:
         return refused
-    await rt.heartbeats.submit(
-        intake.HeartbeatIn(
-            AgentId(event.agent_id),
-            ConsumerName(event.consumer) if event.consumer else None,
-            event.degraded,
-            tuple(event.degraded_reasons),
-        )
+    agent = AgentId(event.agent_id)
+    beat = intake.HeartbeatIn(
+        agent,
+        ConsumerName(event.consumer) if event.consumer else None,
+        event.degraded,
+        tuple(event.degraded_reasons),
     )
+    consumer = beat.consumer
+    if consumer is None or rt.consumers.known(agent, consumer):
+        await rt.heartbeats.submit(beat)  # the hot path: no check, no query
+    else:
+        # A consumer new here: checked against RIG_MAX_CONSUMERS_PER_AGENT, and stored before
+        # the next new consumer of the agent is checked.
+        async with rt.consumers.admitting(agent):
+            if (too_many := await rt.consumers.refusal(agent, consumer)) is not None:
+                rt.refusal_log.log(
+                    logger, logging.WARNING, "Consumer limit", "Refused HEARTBEAT from %s: %s",
+                    caller.who, too_many,
+                )  # fmt: skip
+                return JSONResponse({"detail": too_many}, status_code=409)
+            await rt.heartbeats.submit(beat)
+    if consumer is not None:
+        rt.consumers.heard(agent, consumer)
     rt.known_agents.heard(event.agent_id)  # stored: known to the speaking rule at once
     return Response(_ACCEPTED, status_code=202, media_type="application/json")
 
@@ -144,16 +163,20 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             rt.redis, stream=event.stream, entry_id=event.entry_id, consumer=event.consumer
         )
         if not_held is not None and isinstance(event, schemas.WorkStartedEvent):
-            return _refused(event, not_held, work.WorkOutcome(False, 0, "not-held", not_held))
+            outcome = work.WorkOutcome(False, 0, "not-held", not_held)
+            return _refused(event, not_held, outcome, rt)
         # A publish comes from the accepted attempt's owner, or from whoever holds it now.
         held = not_held is None
     outcome = await work.record_work(
         rt.engine, tenant=rt.settings.tenant, report=_report(event, held=held)
     )
     if outcome.refusal is not None:
-        return _refused(event, outcome.refusal, outcome)
+        return _refused(event, outcome.refusal, outcome, rt)
     if not outcome.accepted and event.type != "WORK_FAILED":
-        logger.warning(
+        rt.refusal_log.log(
+            logger,
+            logging.WARNING,
+            "Fenced",
             "Fenced %s of %s on %s from %s: attempt %s, current attempt %d (%s)",
             event.type,
             event.entry_id,
@@ -193,7 +216,10 @@ async def _dead_letter(event: schemas.DeadLetterEvent, rt: Runtime) -> JSONRespo
     )
     outcome = await agent_dead_letter.dead_letter(rt, request)
     if isinstance(outcome, agent_dead_letter.Refused):
-        logger.warning(
+        rt.refusal_log.log(
+            logger,
+            logging.WARNING,
+            "Refused DEAD_LETTER",
             "Refused DEAD_LETTER of %s on %s from %s: %s",
             event.entry_id,
             event.stream,
@@ -260,9 +286,14 @@ def _fenced_detail(state: str) -> str:
     return "fenced: a newer attempt owns this entry"
 
 
-def _refused(event: schemas.WorkEvent, why: str, outcome: work.WorkOutcome) -> JSONResponse:
+def _refused(
+    event: schemas.WorkEvent, why: str, outcome: work.WorkOutcome, rt: Runtime
+) -> JSONResponse:
     """409 for a report that does not come from the entry's owner: nothing was recorded."""
-    logger.warning(
+    rt.refusal_log.log(
+        logger,
+        logging.WARNING,
+        "Refused report",
         "Refused %s of %s on %s from %s: %s",
         event.type,
         event.entry_id,

@@ -169,8 +169,9 @@ async def scan_now(
     who: Annotated[roles.Caller, Depends(caller)],
     dry_run: Annotated[bool | None, Query(alias="dryRun")] = None,
 ) -> Response:
-    """Run one scan now (after any scan in progress) and return its report. A dry run changes
-    nothing and any role may ask for one; a real scan is a change (operator tokens). Without
+    """Run one scan now and return its report: requests that arrive while a scan of the same
+    kind runs share the next one (never scans side by side, never one per request). A dry run
+    changes nothing and any role may ask for one; a real scan is a change (operator tokens). Without
     `dryRun`, RIG_DRY_RUN decides: a conductor set to change nothing does not change things
     because a caller left a parameter out."""
     if dry_run is None:
