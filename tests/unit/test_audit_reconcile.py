@@ -748,3 +748,56 @@ def test_local_shuffle_partitions(master: str, partitions: int) -> None:
 
 def test_a_failure_is_described_in_one_line() -> None:
     assert audit_session.describe(ValueError("first\nsecond")) == "ValueError: first"
+
+
+# ------------------------------------------------------------------------ staged outputs
+
+
+def test_a_completion_counts_only_once_its_staged_outputs_are_published(
+    spark: SparkSession,
+) -> None:
+    """Nothing is claimed for outputs nobody published: 1-0's accepted completion named staged
+    files and its WORK_PUBLISHED came; 2-0's never did (its agent died, the entry was acked
+    elsewhere): lost. 3-0's were found nowhere: voided, attempt 2 ran and published: completed
+    by the second consumer only, not a duplicate. 4-0 staged nothing (an agent of 0.1)."""
+    outputs = {"outputs": 1}
+    log = (
+        Log()
+        .assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
+        .add(rc.WORK_COMPLETED, entry="1-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .add(rc.WORK_PUBLISHED, entry="1-0", consumer="dev-e-1", attempt=1, detail={})
+        .assign("2-0", "rc-2").work(rc.WORK_STARTED, "2-0", "dev-e-0", 1)
+        .add(rc.WORK_COMPLETED, entry="2-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .assign("3-0", "rc-3").work(rc.WORK_STARTED, "3-0", "dev-e-0", 1)
+        .add(rc.WORK_COMPLETED, entry="3-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .add(rc.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=1,
+             detail={"missing": ["/out/rc-3.json"]})
+        .work(rc.WORK_STARTED, "3-0", "qa-e-0", 2)
+        .add(rc.WORK_COMPLETED, entry="3-0", consumer="qa-e-0", attempt=2, detail=outputs)
+        .add(rc.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=2, detail={})
+        .assign("4-0", "rc-4").work(rc.WORK_STARTED, "4-0", "dev-e-0", 1)
+        .work(rc.WORK_COMPLETED, "4-0", "dev-e-0", 1)
+    )  # fmt: skip
+    events = log.frame(spark)
+    unpublished = {
+        (r["entry_id"], r["attempt"]) for r in rc.unpublished_completions(events).collect()
+    }
+    assert unpublished == {("2-0", 1), ("3-0", 1)}
+    found = facts(events)
+    status = rc.entry_status(
+        found,
+        rc.dead_letters(events, dlq_frame(spark)),
+        pending_frame(spark),
+        rc.unmatched_requeues(events),
+        broadcast_matches=True,
+    )
+    by_entry = {r["entry_id"]: r for r in status.collect()}
+    assert {e: r["status"] for e, r in by_entry.items()} == {
+        "1-0": rc.COMPLETED,
+        "2-0": rc.LOST,
+        "3-0": rc.COMPLETED,
+        "4-0": rc.COMPLETED,
+    }
+    assert by_entry["3-0"]["completed_by"] == ["qa-e-0"]
+    reports = rc.work_reports(events, found)
+    assert duplicates.completed_by_several(reports).collect() == []

@@ -296,17 +296,18 @@ def reconcile_all(
     # Small frames first, each written: read back, their size lets the joins below broadcast
     # them instead of shuffling the log against them.
     replaced = out.staged(rc.replaced_dispatches(events), "replaced")
+    unpublished = out.staged(rc.unpublished_completions(events), "unpublished")
     requeues = out.staged(rc.unmatched_requeues(events), "requeues")
     dead = out.table(rc.dead_letters(events, queue), "dead_letters")
     # The per-entry table keeps Spark's partitioning: it is as large as the log.
-    facts = out.staged(rc.entry_facts(events, replaced), "facts")
+    facts = out.staged(rc.entry_facts(events, replaced, unpublished), "facts")
     few = requeues.count() <= BROADCAST_AT_MOST
     status = out.table(
         rc.entry_status(facts, dead, pending, requeues, broadcast_matches=few),
         "entries",
         one_file=False,
     )
-    reports = out.staged(rc.work_reports(events, status), "reports")
+    reports = out.staged(rc.work_reports(events, status, unpublished), "reports")
     with ThreadPoolExecutor(WRITERS, thread_name_prefix="audit-write") as pool:
         rest = _write_the_rest(
             pool,

@@ -6,7 +6,8 @@ the window ends and the thresholds, and writes the results. Every function here 
 hand-built frames in the unit tests.
 
 An entry is `(stream, entry_id)`. Each dispatched entry ends in exactly one status, checked in
-this order: completed (an accepted, non-fenced WORK_COMPLETED), dead-lettered (a DEAD_LETTERED
+this order: completed (an accepted, non-fenced WORK_COMPLETED whose staged outputs, if it named
+any, were published), dead-lettered (a DEAD_LETTERED
 row, a letter in `<stream>:dlq`, or a requeue of a letter that never reached the log), pending
 (in a pending entries list, or not yet delivered to a group), else lost.
 """
@@ -31,6 +32,7 @@ WORK_STARTED = "WORK_STARTED"
 WORK_COMPLETED = "WORK_COMPLETED"
 WORK_FAILED = "WORK_FAILED"
 WORK_PROGRESS = "WORK_PROGRESS"
+WORK_PUBLISHED = "WORK_PUBLISHED"
 WORK_KINDS = (WORK_STARTED, WORK_PROGRESS, WORK_COMPLETED, WORK_FAILED)
 RECLAIMED = "RECLAIMED"
 DEAD_LETTERED = "DEAD_LETTERED"
@@ -38,8 +40,17 @@ DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
 HEARTBEAT = "HEARTBEAT"
 CONSUMER_WITHOUT_HEARTBEAT = "CONSUMER_WITHOUT_HEARTBEAT"
 # The kinds whose `detail` the rules read; other rows may carry it as NULL. ISSUE_ASSIGNED's
-# `replaces` names the entry a dispatch Redis lost was appended again in place of.
-DETAIL_KINDS = (ISSUE_ASSIGNED, RECLAIMED, DEAD_LETTERED, DEAD_LETTER_REQUEUED)
+# `replaces` names the entry a dispatch Redis lost was appended again in place of;
+# WORK_COMPLETED's `outputs` counts the files it staged, WORK_PUBLISHED's `missing` the ones
+# found nowhere.
+DETAIL_KINDS = (
+    ISSUE_ASSIGNED,
+    RECLAIMED,
+    DEAD_LETTERED,
+    DEAD_LETTER_REQUEUED,
+    WORK_COMPLETED,
+    WORK_PUBLISHED,
+)
 
 COMPLETED, DEAD, PENDING, LOST = "completed", "dead_lettered", "pending", "lost"
 IN_PEL, UNDELIVERED = "pel", "undelivered"
@@ -170,7 +181,35 @@ def replaced_dispatches(events: DataFrame) -> DataFrame:
     )
 
 
-def entry_facts(events: DataFrame, replaced: DataFrame) -> DataFrame:
+def unpublished_completions(events: DataFrame) -> DataFrame:
+    """Accepted completions that named staged outputs which were never published: no
+    WORK_PUBLISHED of that attempt, or one that found them missing (the completion was voided
+    and the entry ran again). Nothing is claimed for them: they do not complete their entry.
+    Columns: stream, entry_id, attempt. Few rows."""
+    key = [*ENTRY, "attempt"]
+    staged = events.where(
+        (F.col("kind") == WORK_COMPLETED)
+        & ~F.col("fenced")
+        & (F.coalesce(json_field("outputs").cast("int"), F.lit(0)) > 0)
+    ).select(*key)
+    published = events.where(
+        (F.col("kind") == WORK_PUBLISHED)
+        & ~F.col("fenced")
+        & F.coalesce(~F.col("detail").contains('"missing"'), F.lit(True))
+    ).select(*key)
+    return staged.join(published, key, "left_anti").distinct()
+
+
+def _with_void(rows: DataFrame, unpublished: DataFrame) -> DataFrame:
+    """`rows` with `void`: true for a completion in `unpublished` (few rows: broadcast)."""
+    flagged = unpublished.withColumn("void", F.lit(True))
+    joined = rows.join(F.broadcast(flagged), [*ENTRY, "attempt"], "left")
+    return joined.withColumn("void", F.coalesce(F.col("void"), F.lit(False)))
+
+
+def entry_facts(
+    events: DataFrame, replaced: DataFrame, unpublished: DataFrame | None = None
+) -> DataFrame:
     """One row per dispatched entry: its dispatch and what its reports say, in one pass.
 
     Dispatches are ISSUE_ASSIGNED rows, and DEAD_LETTER_REQUEUED rows: a dead letter put back on
@@ -186,8 +225,11 @@ def entry_facts(events: DataFrame, replaced: DataFrame) -> DataFrame:
     """
     dispatch = F.col("kind").isin(ISSUE_ASSIGNED, DEAD_LETTER_REQUEUED)
     report = F.col("kind").isin(*WORK_KINDS)
-    accepted = (F.col("kind") == WORK_COMPLETED) & ~F.col("fenced")  # as `completions`
-    rows = _entry_rows(events.where(dispatch | report), replaced)
+    # As `completions`: not fenced, and published when it staged outputs.
+    accepted = (F.col("kind") == WORK_COMPLETED) & ~F.col("fenced") & ~F.col("void")
+    if unpublished is None:
+        unpublished = unpublished_completions(events)
+    rows = _with_void(_entry_rows(events.where(dispatch | report), replaced), unpublished)
     first = F.min_by(
         F.struct("id", "kind", "issue_id", "agent_id", "occurred_at", "dlq_id"),
         F.when(dispatch, F.col("id")),
@@ -258,12 +300,17 @@ def reattempted(facts: DataFrame) -> DataFrame:
     return facts.where(F.col("attempts") > F.col("first_attempt")).select(*ENTRY)
 
 
-def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
+def work_reports(
+    events: DataFrame, dispatched_entries: DataFrame, unpublished: DataFrame | None = None
+) -> DataFrame:
     """Every WORK_* report, with the issue of its dispatch when the report names none.
 
-    `worker` is the reporting consumer, else its agent. Columns: id, occurred_at, kind, stream,
-    entry_id, issue_id, worker, consumer, agent_id, attempt, fenced.
+    `worker` is the reporting consumer, else its agent; `void` marks a completion whose staged
+    outputs were never published (`unpublished_completions`). Columns: id, occurred_at, kind,
+    stream, entry_id, issue_id, worker, consumer, agent_id, attempt, fenced, void.
     """
+    if unpublished is None:
+        unpublished = unpublished_completions(events)
     reports = events.where(
         F.col("kind").isin(*WORK_KINDS)
         & F.col("stream").isNotNull()
@@ -277,7 +324,7 @@ def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
         .drop("issue_id")
         .join(dispatched_entries.select(*ENTRY, "issue_id"), ENTRY, "left")
     )
-    return named.unionByName(unnamed).select(
+    reported = named.unionByName(unnamed).select(
         "id",
         "occurred_at",
         "kind",
@@ -289,12 +336,14 @@ def work_reports(events: DataFrame, dispatched_entries: DataFrame) -> DataFrame:
         "attempt",
         "fenced",
     )
+    return _with_void(reported, unpublished)
 
 
 def completions(reports: DataFrame) -> DataFrame:
     """Accepted completions. A fenced (409) WORK_COMPLETED came from an outdated attempt and was
-    refused: it does not complete anything."""
-    return reports.where((F.col("kind") == WORK_COMPLETED) & ~F.col("fenced"))
+    refused, and one whose staged outputs were never published claims nothing (`void`):
+    neither completes anything."""
+    return reports.where((F.col("kind") == WORK_COMPLETED) & ~F.col("fenced") & ~F.col("void"))
 
 
 def dead_letters(events: DataFrame, queue: DataFrame) -> DataFrame:
