@@ -331,6 +331,8 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     if not args.verbose:
         for chatty in demo.CHATTY_LOGGERS:
             logging.getLogger(chatty).setLevel(logging.WARNING)
+        # pgserver logs a failed command's whole output; the demo says it in one line.
+        logging.getLogger("pgserver").setLevel(logging.CRITICAL)
     return demo.run(
         timeout_s=args.timeout, log_format=settings.log_format, once=args.once, watch=args.watch
     )

@@ -73,15 +73,18 @@ def postgres_server(directory: Path, database: str = "rig") -> Iterator[tuple[st
             "embedded PostgreSQL needs `pip install 'rig-conductor[embedded]'`"
         ) from None
     data = directory / "pg"
-    data.mkdir(mode=0o700)
+    data.mkdir(mode=0o700, exist_ok=True)
     user = _server_user(directory, data)
-    pgserver.initdb(
-        ["--auth=trust", "--encoding=utf8", "-U", "postgres"],
-        pgdata=data,
-        **_as(user),
-        timeout=120,
-    )
-    port = _start(pgserver, data, user)
+    try:
+        pgserver.initdb(
+            ["--auth=trust", "--encoding=utf8", "-U", "postgres"],
+            pgdata=data,
+            **_as(user),
+            timeout=120,
+        )
+        port = _start(pgserver, data, user)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise EmbeddedUnavailable(f"embedded PostgreSQL did not start: {_why(exc, data)}") from None
     try:
         base = f"postgresql+psycopg://postgres@127.0.0.1:{port}/{{db}}"
         _create_database(f"postgresql://postgres@127.0.0.1:{port}/postgres", database)
@@ -125,6 +128,15 @@ def _server_user(directory: Path, data: Path) -> str | None:
     directory.chmod(directory.stat().st_mode | stat.S_IXOTH)  # traversable, not listable
     os.chown(data, nobody.pw_uid, nobody.pw_gid)
     return RUN_AS_ROOT
+
+
+def _why(exc: subprocess.CalledProcessError | subprocess.TimeoutExpired, data: Path) -> str:
+    """The last line of the server's log (its error) or, before it has one, the command that
+    failed; and where the log is."""
+    log = data / "log"
+    lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    command = Path(str(exc.cmd[0])).name
+    return f"{command}: {lines[-1].strip()} (log: {log})" if lines else f"{command} failed"
 
 
 def _as(user: str | None) -> dict[str, Any]:
