@@ -51,7 +51,23 @@ def redis_server(directory: Path) -> Iterator[str]:
     try:
         yield f"unix://{server.socket_file}?db=0"
     finally:
-        server.shutdown()
+        _shutdown_redis(server.socket_file)
+
+
+def _shutdown_redis(socket_file: str) -> None:
+    """SHUTDOWN NOSAVE from a client that does not retry: the server closing the connection is
+    the answer (redis-py's default client retries it for seconds, and saves the data first)."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(unix_socket_path=socket_file, retry=Retry(NoBackoff(), 0))
+    try:
+        client.shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass  # closed by the shutdown, as it should be
+    finally:
+        client.close()
 
 
 @contextmanager

@@ -70,3 +70,9 @@ def test_serve_against_no_database_names_rig_database_url() -> None:
     [line] = errors(done.stderr)
     assert "PostgreSQL unreachable (RIG_DATABASE_URL)" in line, line
     assert "Traceback" not in done.stderr
+
+
+def test_demo_once_and_keep_running_contradict_in_one_line() -> None:
+    done = run("demo", "--once", "--keep-running", env={})
+    assert done.returncode == 2
+    assert done.stderr == "rig-conductor: demo: --once and --keep-running contradict\n"
