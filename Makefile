@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 
 install: $(BIN)/.installed
 
-## The demo: conductor, a live and a dying agent, on embedded Redis and PostgreSQL.
+## The demo on embedded Redis and PostgreSQL: a reclaim, then a live console until Ctrl-C.
 run: install
 	$(BIN)/rig-conductor demo
 

@@ -1,7 +1,7 @@
-"""Every relative link in README.md and docs/ leads somewhere: the file exists and, when the
-link names an anchor, the page has a heading (or an element id) of that name. Headings are
-turned into anchors as the MkDocs site does (Python-Markdown's toc slugify), which matches
-GitHub's for the headings these pages use."""
+"""Every relative link in README.md, the chart's README and docs/ leads somewhere: the file
+exists and, when the link names an anchor, the page has a heading (or an element id) of that
+name. Headings are turned into anchors as the MkDocs site does (Python-Markdown's toc slugify),
+which matches GitHub's for the headings these pages use."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ import pytest
 from markdown.extensions.toc import slugify
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+PAGES = [
+    REPO / "README.md",
+    REPO / "charts" / "rig-conductor" / "README.md",
+    *sorted((REPO / "docs").rglob("*.md")),
+]
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE = re.compile(r"`[^`\n]*`")
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
