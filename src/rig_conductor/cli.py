@@ -156,7 +156,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     server = _server_class()(config)
     try:
         server.run()
-    except SystemExit as exc:  # uvicorn exits on a port it cannot bind
+    except SystemExit as exc:  # uvicorn exits on a port it cannot bind, having said why
+        logger.error(
+            "Could not serve on %s:%d: choose another RIG_HTTP_HOST / RIG_HTTP_PORT",
+            settings.http_host,
+            settings.http_port,
+        )
         return int(exc.code or EXIT_FAILED)
     return EXIT_OK if server.started else EXIT_FAILED
 

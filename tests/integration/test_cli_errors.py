@@ -6,6 +6,7 @@ one line per failure, no traceback, each naming RIG_REDIS_URL or RIG_DATABASE_UR
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 from sqlalchemy.engine import make_url
@@ -76,3 +77,23 @@ def test_demo_once_and_keep_running_contradict_in_one_line() -> None:
     done = run("demo", "--once", "--keep-running", env={})
     assert done.returncode == 2
     assert done.stderr == "rig-conductor: demo: --once and --keep-running contradict\n"
+
+
+def test_serve_on_a_taken_port_names_rig_http_port(redis_url: str, database_url: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {
+            "RIG_REDIS_URL": redis_url,
+            "RIG_DATABASE_URL": database_url,
+            "RIG_ALLOW_ANONYMOUS": "true",
+            "RIG_HTTP_HOST": "127.0.0.1",
+            "RIG_HTTP_PORT": str(port),
+        }
+        done = run("serve", env=env)
+    assert done.returncode != 0
+    assert f"Could not serve on 127.0.0.1:{port}: choose another RIG_HTTP_HOST / RIG_HTTP_PORT" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr

@@ -73,7 +73,7 @@ async def schema_problem(engine: AsyncEngine) -> str | None:
     if current != SCHEMA_HEAD:
         return (
             f"Database schema is at revision {current or 'none'}, this release needs "
-            f"{SCHEMA_HEAD}: run `rig-conductor migrate`"
+            f"{SCHEMA_HEAD}: run `rig-conductor migrate` (against RIG_DATABASE_URL)"
         )
     return None
 
