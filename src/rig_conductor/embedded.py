@@ -90,7 +90,7 @@ def postgres_server(directory: Path, database: str = "rig") -> Iterator[tuple[st
         ) from None
     data = directory / "pg"
     data.mkdir(mode=0o700, exist_ok=True)
-    user = _server_user(directory, data)
+    user = _server_user(directory, data, Path(pgserver.__file__).parent / "pginstall" / "bin")
     try:
         pgserver.initdb(
             ["--auth=trust", "--encoding=utf8", "-U", "postgres"],
@@ -109,11 +109,12 @@ def postgres_server(directory: Path, database: str = "rig") -> Iterator[tuple[st
         _stop(pgserver, data, user)
 
 
-def _server_user(directory: Path, data: Path) -> str | None:
+def _server_user(directory: Path, data: Path, binaries: Path) -> str | None:
     """None to run the server as ourselves; as root, `nobody`, given `data` to own.
 
-    Says what it does before it does it, and fails with one line (EmbeddedUnavailable) when
-    the host has no such user or hides `directory` from it.
+    Says what it does before it does it: the user it runs as and, where root's directories are
+    closed to others (`/root` is), the ones it opens for passing through (not for listing).
+    Fails with one line (EmbeddedUnavailable) when the host has no such user.
     """
     if os.geteuid() != 0:
         return None
@@ -125,25 +126,29 @@ def _server_user(directory: Path, data: Path) -> str | None:
             f"`{RUN_AS_ROOT}` to run as (PostgreSQL refuses root); this host has none: run as "
             "another user, or set RIG_DATABASE_URL to a PostgreSQL of your own"
         ) from None
-    hidden = [
-        str(parent)
-        for parent in (directory, *directory.parents)
-        if parent != directory and not parent.stat().st_mode & stat.S_IXOTH
-    ]
-    if hidden:
-        raise EmbeddedUnavailable(
-            f"running as root, the embedded PostgreSQL runs as `{RUN_AS_ROOT}`, who cannot "
-            f"enter {hidden[0]}: put its directory elsewhere (TMPDIR)"
-        )
+    closed = list(dict.fromkeys(_closed_to_others(data) + _closed_to_others(binaries)))
     logger.info(
         "Running as root: the embedded PostgreSQL runs as the existing user `%s` (PostgreSQL "
         "refuses root), owning only %s; no user is created on this host",
         RUN_AS_ROOT,
         data,
     )
-    directory.chmod(directory.stat().st_mode | stat.S_IXOTH)  # traversable, not listable
+    if closed:
+        logger.warning(
+            "Running as root: letting `%s` pass through %s (o+x: enter, not list), so the "
+            "embedded PostgreSQL reaches its files and binaries",
+            RUN_AS_ROOT,
+            ", ".join(str(path) for path in closed),
+        )
+        for path in closed:
+            path.chmod(path.stat().st_mode | stat.S_IXOTH)
     os.chown(data, nobody.pw_uid, nobody.pw_gid)
     return RUN_AS_ROOT
+
+
+def _closed_to_others(path: Path) -> list[Path]:
+    """The directories above `path` that a user other than their owner cannot enter."""
+    return [parent for parent in path.parents if not parent.stat().st_mode & stat.S_IXOTH]
 
 
 def _why(exc: subprocess.CalledProcessError | subprocess.TimeoutExpired, data: Path) -> str:

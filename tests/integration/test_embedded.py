@@ -56,3 +56,19 @@ def test_as_root_the_embedded_postgresql_runs_as_nobody_and_creates_no_user(
         assert psutil.Process(pid).username() == "nobody"
         assert listening(make_url(url).port or 0)
     assert {entry.pw_name for entry in pwd.getpwall()} == users
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="only root's embedded PostgreSQL runs as another user"
+)
+def test_as_root_it_says_which_closed_directories_it_opens_for_passing_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="rig-test-closed-") as closed:  # mode 0700
+        scratch = Path(closed) / "scratch"
+        scratch.mkdir(mode=0o700)
+        with postgres_server(scratch, database="rig_embedded") as (url, _):
+            assert listening(make_url(url).port or 0)
+        assert Path(closed).stat().st_mode & 0o777 == 0o701  # enter, not list
+    [opened] = [r.getMessage() for r in caplog.records if "pass through" in r.getMessage()]
+    assert f"letting `nobody` pass through {scratch}, {closed} (o+x: enter, not list)" in opened
