@@ -75,17 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--once",
         action="store_true",
-        help="exit after the story (0 when every issue was built): for scripts and tests",
+        help="exit after the story (0 when every issue was built): for scripts and tests; "
+        "the default when stdout is not a terminal",
     )
     demo.add_argument(
         "--keep-running",
         action="store_true",
-        help="the default now (a live fleet until Ctrl-C); kept so old invocations work",
+        help="after the story, a live fleet until Ctrl-C: the default at a terminal",
     )
     demo.add_argument(
         "--watch",
         action="store_true",
-        help="pace the story for the console: 10 s to open it, slower thresholds",
+        help="pace the story for the console: 10 s to open it, slower thresholds; keeps running",
     )
     demo.add_argument(
         "-v", "--verbose", action="store_true", help="also log the migrations and servers' chatter"
@@ -338,8 +339,14 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
             logging.getLogger(chatty).setLevel(logging.WARNING)
         # pgserver logs a failed command's whole output; the demo says it in one line.
         logging.getLogger("pgserver").setLevel(logging.CRITICAL)
+    once = args.once or not (args.keep_running or args.watch or sys.stdout.isatty())
+    if once and not args.once:
+        logger.info(
+            "stdout is not a terminal: the demo exits after the story, as with --once "
+            "(--keep-running keeps the console up with a live fleet until Ctrl-C)"
+        )
     return demo.run(
-        timeout_s=args.timeout, log_format=settings.log_format, once=args.once, watch=args.watch
+        timeout_s=args.timeout, log_format=settings.log_format, once=once, watch=args.watch
     )
 
 
