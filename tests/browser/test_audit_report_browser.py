@@ -10,7 +10,11 @@ from typing import Any
 
 from playwright.async_api import Browser, expect
 
-from rig_conductor.audit import report
+from tests.audit_conftest import require_pyspark
+
+require_pyspark()  # the audit's extra: matplotlib draws the plots
+
+from rig_conductor.audit import report  # noqa: E402
 
 END = datetime(2026, 11, 28, 12, tzinfo=UTC)
 
