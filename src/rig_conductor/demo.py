@@ -10,7 +10,8 @@ four entries to builder-a, which builds them as a new attempt (builder-b's attem
 off). Every build writes an artifact through `entry.stage()`, published only once the conductor
 has accepted the completion; the demo reports who built each issue from those artifacts.
 
-Then, unless `--once`, the demo stays up for a person to look around until Ctrl-C: builder-a
+Then, unless told to stop there (`once`: `--once`, or a stdout that is no terminal, as `cli`
+decides), the demo stays up for a person to look around until Ctrl-C: builder-a
 and builder-c keep heartbeating and building, and a new issue is dispatched every few seconds,
 so the console shows a live fleet and moving work. stdout carries the results only (the
 console's URL, the summary after a final scan); the story's log lines go to stderr.
