@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml constraints.txt
 
 install: $(BIN)/.installed
 
-## The demo: conductor, a live and a dying agent, on embedded Redis and PostgreSQL.
+## The demo on embedded Redis and PostgreSQL: a reclaim, then a live console until Ctrl-C.
 run: install
 	$(BIN)/rig-conductor demo
 
@@ -95,7 +95,9 @@ clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis build dist src/*.egg-info
 
 ## The documentation site (docs/ -> site/), strictly: a broken link or a missing page fails.
+## docs/img takes the browser tests' screenshots of the last run, when there are any.
 docs: install
+	$(BIN)/python scripts/docs_screenshots.py
 	$(BIN)/python scripts/gen_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 

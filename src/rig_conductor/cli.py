@@ -69,14 +69,27 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(command=_check)
 
     demo = sub.add_parser("demo", help="end-to-end demo on embedded Redis and PostgreSQL")
-    demo.add_argument("--timeout", type=float, default=90.0, help="give up after this many seconds")
     demo.add_argument(
-        "--keep-running", action="store_true", help="keep the conductor serving after the story"
+        "--timeout", type=float, default=90.0, help="give up on the story after this many seconds"
+    )
+    demo.add_argument(
+        "--once",
+        action="store_true",
+        help="exit after the story (0 when every issue was built): for scripts and tests; "
+        "the default when stdout is not a terminal",
+    )
+    demo.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="after the story, a live fleet until Ctrl-C: the default at a terminal",
     )
     demo.add_argument(
         "--watch",
         action="store_true",
-        help="pace the story for the console: 10 s to open it, slower thresholds, keep serving",
+        help="pace the story for the console: 10 s to open it, slower thresholds; keeps running",
+    )
+    demo.add_argument(
+        "-v", "--verbose", action="store_true", help="also log the migrations and servers' chatter"
     )
     demo.set_defaults(command=_demo)
 
@@ -145,7 +158,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     server = _server_class()(config)
     try:
         server.run()
-    except SystemExit as exc:  # uvicorn exits on a port it cannot bind
+    except SystemExit as exc:  # uvicorn exits on a port it cannot bind, having said why
+        logger.error(
+            "Could not serve on %s:%d: choose another RIG_HTTP_HOST / RIG_HTTP_PORT",
+            settings.http_host,
+            settings.http_port,
+        )
         return int(exc.code or EXIT_FAILED)
     return EXIT_OK if server.started else EXIT_FAILED
 
@@ -180,13 +198,17 @@ def _server_class() -> type:
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+    from rig_conductor.adapters.postgres import engine as pg
     from rig_conductor.adapters.postgres import migrations
 
     try:
         migrations.upgrade(settings.sqlalchemy_url)
         revision = migrations.current_revision(settings.sqlalchemy_url)
+    except (OperationalError, OSError) as exc:  # never reached the database
+        logger.error("Migration failed: %s", pg.describe_failure(exc))
+        return EXIT_FAILED
     except SQLAlchemyError as exc:
         logger.error("Migration failed: %s", _first_line(exc))
         return EXIT_FAILED
@@ -310,11 +332,22 @@ def _schema_problem(settings: Settings) -> str | None:
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from rig_conductor import demo
 
+    if args.once and args.keep_running:
+        print("rig-conductor: demo: --once and --keep-running contradict", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.verbose:
+        for chatty in demo.CHATTY_LOGGERS:
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+        # pgserver logs a failed command's whole output; the demo says it in one line.
+        logging.getLogger("pgserver").setLevel(logging.CRITICAL)
+    once = args.once or not (args.keep_running or args.watch or sys.stdout.isatty())
+    if once and not args.once:
+        logger.info(
+            "stdout is not a terminal: the demo exits after the story, as with --once "
+            "(--keep-running keeps the console up with a live fleet until Ctrl-C)"
+        )
     return demo.run(
-        timeout_s=args.timeout,
-        log_format=settings.log_format,
-        keep_running=args.keep_running,
-        watch=args.watch,
+        timeout_s=args.timeout, log_format=settings.log_format, once=once, watch=args.watch
     )
 
 

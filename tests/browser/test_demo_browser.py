@@ -1,10 +1,13 @@
-"""`rig-conductor demo --watch` in a browser: the console it prints shows builder-b's consumers
-holding their builds, then the reclaim to builder-a arriving in the reclaim history, live (the
-page is never reloaded)."""
+"""`rig-conductor demo` in a browser while it runs, as a newcomer meets it: the console it
+prints shows builder-b's consumers losing their builds to builder-a live (the page is never
+reloaded), the summary on stdout agrees with the API at that moment, and afterwards the
+console keeps a live fleet (builder-a and builder-c up, new work pending and done) until
+Ctrl-C."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -13,40 +16,94 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from playwright.async_api import Browser, expect
+from playwright.async_api import Browser, Page, expect
 
 from rig_conductor import demo
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = pytest.mark.timeout(180)
+
+SUMMARY = re.compile(
+    r"Demo done: (?P<done>\d+) of (?P<issues>\d+) issues completed, all by (?P<by>\S+); "
+    r"(?P<reclaimed>\d+) reclaimed from builder-b\. Pending now: (?P<pending>\{.*\})"
+)
+STOPPED = re.compile(
+    r"Demo stopped: (?P<done>\d+) of (?P<issues>\d+) issues completed; "
+    r"(?P<reclaimed>\d+) reclaimed from builder-b\. Pending now: (?P<pending>\{.*\})"
+)
 
 
-def console_url(log: Path, process: subprocess.Popen[bytes], within: float = 90) -> str:
-    deadline = time.monotonic() + within
+def line_matching(
+    out: Path, pattern: re.Pattern[str], process: subprocess.Popen[bytes], err: Path
+) -> re.Match[str]:
+    """The first line of the demo's stdout matching `pattern`, waited for (bounded)."""
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        found = re.search(r"Console: (http://\S+/ui) ", log.read_text(errors="replace"))
-        if found:
-            return found.group(1)
+        for line in out.read_text(errors="replace").splitlines():
+            if found := pattern.fullmatch(line):
+                return found
         if process.poll() is not None:
-            raise AssertionError(f"demo exited with {process.returncode}: {log.read_text()}")
-        time.sleep(0.2)
-    raise AssertionError("demo printed no console URL")
+            raise AssertionError(f"demo exited with {process.returncode}: {err.read_text()}")
+        time.sleep(0.1)
+    raise AssertionError(f"the demo printed no line matching {pattern.pattern}")
 
 
-async def test_the_demo_shows_the_reclaim_live_in_the_console(
+def summary_and_figures(
+    out: Path, process: subprocess.Popen[bytes], err: Path, base: str
+) -> tuple[re.Match[str], dict[str, int], int]:
+    """The summary line and, read the moment it appears, the API's pending per group and
+    reclaimed count (the new work starts seconds after it)."""
+    summary = line_matching(out, SUMMARY, process, err)
+    with httpx.Client(base_url=base, timeout=10) as api:
+        streams = api.get("/api/streams").json()
+        metrics = api.get("/metrics").text
+    return summary, {g["group"]: g["pending"] for g in streams}, reclaimed_total(metrics)
+
+
+def reclaimed_total(metrics: str) -> int:
+    found = re.findall(r"^rig_reclaimed_entries_total\{.*\} (\S+)$", metrics, re.MULTILINE)
+    return int(sum(float(value) for value in found))
+
+
+async def live_work_seen(page: Page, url: str) -> str:
+    """Reload the group's page until a live builder holds an entry: work moving after the
+    story. Returns the consumer seen holding it."""
+    live = (demo.LIVE[1], demo.HELPER[1])
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        await page.goto(f"{url}/group?stream={demo.STREAM}&name={demo.GROUP}")
+        for consumer in live:
+            row = page.locator(f'#consumers tr[data-consumer="{consumer}"]')
+            if await row.count() and (await row.locator("td.pending").inner_text()) == "1":
+                await expect(row.locator(".state")).to_have_text("up")
+                return consumer
+        await asyncio.sleep(0.2)
+    raise AssertionError("no live builder was seen holding new work within 45 s")
+
+
+async def test_the_demo_keeps_a_live_console_until_ctrl_c(
     browser: Browser, tmp_path: Path, screenshots: Path
 ) -> None:
-    log = tmp_path / "demo.log"
+    out, err = tmp_path / "demo.out", tmp_path / "demo.err"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
-    with log.open("wb") as sink:
+    with out.open("wb") as stdout, err.open("wb") as stderr:
         process = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, not awaited
             [sys.executable, "-m", "rig_conductor", "demo", "--watch", "--timeout", "90"],
             env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
+            stdout=stdout,
+            stderr=stderr,
         )
     try:
-        url = await asyncio.to_thread(console_url, log, process)
+        console = await asyncio.to_thread(
+            line_matching, out, re.compile(r"Console: (http://\S+/ui)"), process, err
+        )
+        url = console.group(1)
+        base = url.removesuffix("/ui")
+        # Watched beside the browser, so the API is read when the summary appears.
+        figures = asyncio.create_task(
+            asyncio.to_thread(summary_and_figures, out, process, err, base)
+        )
         page = await browser.new_page(viewport={"width": 1400, "height": 900})
         await page.goto(f"{url}/reclaims")  # no tokens in the demo: no sign-in
         await expect(page.locator("#reclaims")).to_contain_text("No reclaims")
@@ -56,12 +113,24 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
         for n in range(len(demo.DOOMED)):
             await expect(rows.nth(n)).to_contain_text(demo.LIVE[1])
             await expect(rows.nth(n)).to_contain_text("down")
-        # The overview: the scans so far, the reclaims among them, and the plot of both (the
-        # README's picture of the console).
+
+        # The summary agrees with the API's figures of that moment.
+        summary, pending, reclaimed_then = await figures
+        assert json.loads(summary["pending"]) == pending
+        assert int(summary["reclaimed"]) == reclaimed_then == len(demo.DOOMED)
+        assert summary["done"] == summary["issues"] == str(len(demo.ISSUES))
+
+        # A live fleet afterwards: builder-a and builder-c up, builder-b down; new work moving.
+        await page.goto(f"{url}/agents")
+        for agent, state in ((demo.LIVE[0], "up"), (demo.HELPER[0], "up"), ("builder-b", "down")):
+            row = page.locator("#agents tbody tr", has_text=agent)
+            await expect(row.locator(".state")).to_have_text(state, timeout=20_000)
+        await page.screenshot(path=screenshots / "demo-agents.png", full_page=True)
+        await live_work_seen(page, url)
+        await page.screenshot(path=screenshots / "demo-group.png", full_page=True)
         await page.goto(url)
         scans = page.locator("#scans tbody tr", has_text="scan")
         await expect(scans.nth(2)).to_be_visible(timeout=30_000)
-        await expect(page.locator("#scans tbody")).to_contain_text("down")
         reclaimed = await page.evaluate(
             "() => JSON.parse(document.querySelector('script.series').textContent).reclaimed"
         )
@@ -71,9 +140,14 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
     finally:
         process.send_signal(signal.SIGINT)
         try:
-            await asyncio.to_thread(process.wait, 30)
+            await asyncio.to_thread(process.wait, 60)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    output = log.read_text(errors="replace")
-    assert output.count("[StreamReclaim] Reclaimed") == len(demo.DOOMED), output[-3000:]
+    assert process.returncode == 0, err.read_text()[-3000:]
+    last = out.read_text().splitlines()[-1]
+    stopped = STOPPED.fullmatch(last)
+    assert stopped, last
+    assert int(stopped["issues"]) > len(demo.ISSUES)  # work went on after the story
+    assert int(stopped["reclaimed"]) == len(demo.DOOMED)
+    assert err.read_text().count("[StreamReclaim] Reclaimed") == len(demo.DOOMED)

@@ -3,6 +3,8 @@ are (PostgreSQL on loopback TCP, which Spark's JDBC driver needs), and gone when
 
 from __future__ import annotations
 
+import os
+import pwd
 import socket
 import tempfile
 from pathlib import Path
@@ -14,6 +16,7 @@ from sqlalchemy.engine import make_url
 from rig_conductor.embedded import postgres_server
 
 pytest.importorskip("pgserver")
+psutil = pytest.importorskip("psutil")  # pgserver's own dependency
 
 
 def listening(port: int) -> bool:
@@ -35,3 +38,37 @@ def test_the_embedded_postgresql_listens_on_loopback_and_stops_when_closed() -> 
             row = conn.execute("SELECT current_database(), inet_server_addr()::text").fetchone()
         assert row == ("rig_embedded", "127.0.0.1/32")
     assert not listening(parsed.port)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="only root's embedded PostgreSQL runs as another user"
+)
+def test_as_root_the_embedded_postgresql_runs_as_nobody_and_creates_no_user(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    users = {entry.pw_name for entry in pwd.getpwall()}
+    monkeypatch.setenv("PATH", "/nonexistent")  # no useradd to be found, as off /usr/sbin
+    with (
+        tempfile.TemporaryDirectory(prefix="rig-test-embedded-") as scratch,
+        postgres_server(Path(scratch), database="rig_embedded") as (url, _),
+    ):
+        pid = int((Path(scratch) / "pg" / "postmaster.pid").read_text().split()[0])
+        assert psutil.Process(pid).username() == "nobody"
+        assert listening(make_url(url).port or 0)
+    assert {entry.pw_name for entry in pwd.getpwall()} == users
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="only root's embedded PostgreSQL runs as another user"
+)
+def test_as_root_it_says_which_closed_directories_it_opens_for_passing_through(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="rig-test-closed-") as closed:  # mode 0700
+        scratch = Path(closed) / "scratch"
+        scratch.mkdir(mode=0o700)
+        with postgres_server(scratch, database="rig_embedded") as (url, _):
+            assert listening(make_url(url).port or 0)
+        assert Path(closed).stat().st_mode & 0o777 == 0o701  # enter, not list
+    [opened] = [r.getMessage() for r in caplog.records if "pass through" in r.getMessage()]
+    assert f"letting `nobody` pass through {scratch}, {closed} (o+x: enter, not list)" in opened

@@ -119,7 +119,7 @@ async def test_the_schema_check_names_a_database_behind(engine: AsyncEngine) -> 
             )
     assert problem == (
         f"Database schema is at revision 0001, this release needs {pg_engine.SCHEMA_HEAD}: "
-        "run `rig-conductor migrate`"
+        "run `rig-conductor migrate` (against RIG_DATABASE_URL)"
     )
 
 

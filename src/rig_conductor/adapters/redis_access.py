@@ -152,12 +152,15 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, AuthenticationError) or "WRONGPASS" in text or "NOAUTH" in text:
         return f"Redis refused the credentials in RIG_REDIS_URL: {text}"
     if _is_certificate_problem(exc):
-        return f"Redis TLS handshake failed (certificate rejected): {text}"
+        return (
+            "Redis TLS handshake failed (certificate rejected; RIG_REDIS_URL, "
+            f"RIG_REDIS_TLS_CA_FILE): {text}"
+        )
     if isinstance(exc, RedisConnectionError | OSError):
-        return f"Redis unreachable: {text}"
+        return f"Redis unreachable (RIG_REDIS_URL): {text}"
     if isinstance(exc, RedisError):
-        return f"Redis refused: {type(exc).__name__}: {text}"
-    return f"Redis unreachable: {type(exc).__name__}: {text}"
+        return f"Redis refused (RIG_REDIS_URL): {type(exc).__name__}: {text}"
+    return f"Redis unreachable (RIG_REDIS_URL): {type(exc).__name__}: {text}"
 
 
 def _is_certificate_problem(exc: BaseException) -> bool:

@@ -12,6 +12,7 @@ passes `NO_PREPARE`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sqlalchemy
@@ -68,12 +69,33 @@ async def schema_problem(engine: AsyncEngine) -> str | None:
     try:
         current = await applied_revision(engine)
     except Exception as exc:
-        text_ = str(exc).strip()
-        first = text_.splitlines()[0] if text_ else ""
-        return f"PostgreSQL unreachable: {type(exc).__name__}: {first}"
+        return describe_failure(exc)
     if current != SCHEMA_HEAD:
         return (
             f"Database schema is at revision {current or 'none'}, this release needs "
-            f"{SCHEMA_HEAD}: run `rig-conductor migrate`"
+            f"{SCHEMA_HEAD}: run `rig-conductor migrate` (against RIG_DATABASE_URL)"
         )
     return None
+
+
+_NO_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
+_BAD_CREDENTIALS = ("password authentication failed", "no password supplied", 'role "')
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for an operator: what failed in reaching PostgreSQL, naming RIG_DATABASE_URL,
+    and how to fix it where that is known (a missing database: migrate creates tables, not
+    databases)."""
+    text_ = str(exc).strip()
+    first = text_.splitlines()[0] if text_ else type(exc).__name__
+    first = first.removeprefix("(psycopg.OperationalError) ")
+    if (missing := _NO_DATABASE.search(first)) is not None:
+        name = missing["name"]
+        return (
+            f'PostgreSQL has no database "{name}" (RIG_DATABASE_URL): `rig-conductor migrate` '
+            f"creates tables, not databases; create it with `createdb {name}` or "
+            f'`CREATE DATABASE "{name}"`, then run `rig-conductor migrate`'
+        )
+    if any(sign in first for sign in _BAD_CREDENTIALS):
+        return f"PostgreSQL refused the credentials in RIG_DATABASE_URL: {first}"
+    return f"PostgreSQL unreachable (RIG_DATABASE_URL): {type(exc).__name__}: {first}"
