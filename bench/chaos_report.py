@@ -45,6 +45,11 @@ class Snapshot:
         return {issue for issue, _, _ in self.pending.values()} | self.undelivered
 
 
+# A completion carried over to the entry that replaces one Redis lost (its outputs were not
+# published yet) restates the accepted one: it is not another completion.
+NOT_CARRIED = "NOT (detail ? 'carriedFrom')"
+
+
 async def snapshot(redis: Any, db: Any, *, tenant: str, stream: str, group: str) -> Snapshot:
     """Raises while PostgreSQL or Redis is down: the caller looks again later."""
     from redis.exceptions import ResponseError
@@ -53,7 +58,7 @@ async def snapshot(redis: Any, db: Any, *, tenant: str, stream: str, group: str)
     where, args = "WHERE tenant = %s AND stream = %s", (tenant, stream)
     rows = await db.execute(
         f"SELECT issue_id, entry_id, attempt FROM events {where} "
-        "AND kind = 'WORK_COMPLETED' AND NOT fenced",
+        f"AND kind = 'WORK_COMPLETED' AND NOT fenced AND {NOT_CARRIED}",
         args,
     )
     for issue, entry_id, attempt in await rows.fetchall():
@@ -192,7 +197,8 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
     fenced = await rows.fetchone()
     rows = await db.execute(
         "SELECT issue_id, entry_id, attempt, consumer, extract(epoch FROM occurred_at) "
-        "FROM events WHERE tenant = %s AND stream = %s AND kind = 'WORK_COMPLETED' AND NOT fenced",
+        "FROM events WHERE tenant = %s AND stream = %s AND kind = 'WORK_COMPLETED' AND NOT fenced "
+        f"AND {NOT_CARRIED}",
         (soak.tenant, soak.stream),
     )
     accepted = {i: (e, a, c, float(t)) for i, e, a, c, t in await rows.fetchall()}
