@@ -1,0 +1,306 @@
+"""The TypeScript runtime (`clients/typescript`, npm package `@rig-conductor/agent`) against real
+servers: `rig-conductor serve`, Redis, PostgreSQL and `rig-agent` processes on Node. Issues are
+completed exactly once with their staged outputs published; a SIGKILLed agent's entry is moved
+by the reaper to a second TypeScript agent; a poison entry is dead-lettered through the
+conductor (DEAD_LETTER); a Python and a TypeScript agent share one group and split the work.
+
+Off CI a machine without Node skips; with CI set, that fails (`tests.needs`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor.adapters.postgres.tables import events
+from tests.e2e.fleet import (
+    GROUP,
+    STREAM,
+    AgentProcess,
+    Fleet,
+    accepted_completions,
+    calls,
+    conductor_env,
+    dead_letters,
+    dispatch,
+    effects,
+    heard_from,
+    pending,
+    staged_leftovers,
+    work_events,
+)
+from tests.needs import missing
+
+from .helpers import serve, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "clients" / "typescript"
+HANDLER = Path(__file__).resolve().parent / "ts_agent" / "handler.mjs"
+WITHIN = 90.0  # a loaded two-core machine: generous bounds, conditions waited on
+
+
+@pytest.fixture(scope="session")
+def rig_agent() -> Iterator[list[str]]:
+    """The command that runs the TypeScript agent, built once a session with `npm ci` and
+    `npm run build`, as a user builds the package."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        missing("node and npm are needed to build and run the TypeScript agent")
+    for step in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
+        done = subprocess.run(
+            [npm, *step], cwd=PACKAGE, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert done.returncode == 0, (
+            f"npm {' '.join(step)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+        )
+    yield [node, str(PACKAGE / "dist" / "bin.js")]
+
+
+def start_ts(
+    fleet: Fleet, command: list[str], agent_id: str, consumer: str, **env: str
+) -> AgentProcess:
+    """A `rig-agent` process in `fleet` (reaped with it), as `Fleet.start` starts Python ones."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment.update(
+        {
+            "RIG_REDIS_URL": fleet.redis_url,
+            "RIG_CONDUCTOR_URL": fleet.conductor_url,
+            "RIG_HEARTBEAT_INTERVAL_S": "0.5",
+            "RIG_SCAN_INTERVAL_S": "1",
+            "CONSUMER_ID": consumer,
+        }
+        | fleet.env
+        | env
+    )
+    log = fleet.workdir / "logs" / f"{consumer}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [*command, "--agent-id", agent_id, "--group", GROUP, "--stream", STREAM]
+    argv += ["--handler", f"{HANDLER}#build"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv,
+            cwd=fleet.workdir,
+            env=environment,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    agent = AgentProcess(agent_id, consumer, process, log)
+    fleet.agents.append(agent)
+    return agent
+
+
+async def settled(engine: AsyncEngine, redis: Redis, entries: set[str]) -> bool:
+    """Every one of `entries` completed, and nothing left pending."""
+    done = await accepted_completions(engine)
+    return entries <= set(done) and not await pending(redis)
+
+
+def assert_published_once(
+    out: Path, engine_completions: dict[str, list[object]], issues: dict[str, str]
+) -> None:
+    assert sorted(effects(out)) == sorted(issues)
+    for issue, entry in issues.items():
+        assert len(engine_completions[entry]) == 1, (issue, engine_completions[entry])
+        effect = effects(out)[issue]
+        assert effect["entryId"] == entry
+    assert staged_leftovers(out) == []
+
+
+async def test_a_typescript_agent_completes_each_issue_once_and_publishes_its_output(
+    rig_agent: list[str],
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    issues = [f"rc-{n}" for n in range(1, 7)]
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out)}) as fleet:
+            agent = start_ts(fleet, rig_agent, "builder", "builder-ts-0")
+            await wait_for(
+                lambda: heard_from(api, agent.consumer), within=WITHIN, explain=fleet.tails
+            )
+            entries = {issue: await dispatch(api, issue, {}) for issue in issues}
+            await wait_for(
+                lambda: settled(engine, redis, set(entries.values())),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            codes = fleet.stop_all()
+    assert codes == {agent.consumer: 0}, fleet.tails()
+    completions = await accepted_completions(engine)
+    assert_published_once(out, completions, entries)  # type: ignore[arg-type]
+    for issue, entry in entries.items():
+        assert effects(out)[issue]["consumer"] == agent.consumer
+        assert calls(out, issue) == [f"{issue}.{agent.consumer}.a1"]
+        kinds = [kind for kind, _, _ in await work_events(engine, entry)]
+        assert kinds == ["WORK_STARTED", "WORK_COMPLETED", "WORK_PUBLISHED"], kinds
+    # The consumer-name lease was released at the clean stop.
+    assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
+
+
+async def test_a_sigkilled_typescript_agents_entry_is_moved_to_a_second_one(
+    rig_agent: list[str],
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    hold = tmp_path / "victim.hold"
+    hold.touch()
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out)}) as fleet:
+            victim = start_ts(
+                fleet, rig_agent, "builder", "builder-ts-victim", E2E_HOLD_FILE=str(hold)
+            )
+            await wait_for(
+                lambda: heard_from(api, victim.consumer), within=WITHIN, explain=fleet.tails
+            )
+            entry = await dispatch(api, "rc-1", {})
+            await wait_for(
+                lambda: (out / f"holding-{victim.consumer}").exists(),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            victim.kill()  # mid-entry: nothing completed, nothing acked, heartbeats stop
+            assert await pending(redis) == {entry: victim.consumer}
+            rescuer = start_ts(fleet, rig_agent, "builder", "builder-ts-rescuer")
+            await wait_for(
+                lambda: settled(engine, redis, {entry}), within=WITHIN, explain=fleet.tails
+            )
+            codes = fleet.stop_all()
+    assert codes[rescuer.consumer] == 0, fleet.tails()
+    completions = await accepted_completions(engine)
+    assert [c.consumer for c in completions[entry]] == [rescuer.consumer]
+    assert effects(out)["rc-1"]["consumer"] == rescuer.consumer
+    assert staged_leftovers(out) == []
+    # The victim started it once; the rescuer ran it once, as a later attempt.
+    assert calls(out, "rc-1") == sorted(
+        [f"rc-1.{victim.consumer}.a1", f"rc-1.{rescuer.consumer}.a{completions[entry][0].attempt}"]
+    )
+    assert completions[entry][0].attempt > 1
+
+
+async def test_a_poison_entry_is_dead_lettered_through_the_conductor(
+    rig_agent: list[str],
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    limit = {"RIG_MAX_DELIVERIES": "3"}
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"], **limit)) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out), **limit}) as fleet:
+            agent = start_ts(fleet, rig_agent, "builder", "builder-ts-0")
+            await wait_for(
+                lambda: heard_from(api, agent.consumer), within=WITHIN, explain=fleet.tails
+            )
+            poison = await dispatch(api, "rc-7", {"poison": True})
+            healthy = await dispatch(api, "rc-8", {})
+
+            async def done() -> bool:
+                letters = await dead_letters(redis)
+                return poison in letters and await settled(engine, redis, {healthy})
+
+            await wait_for(done, within=WITHIN, explain=fleet.tails)
+            codes = fleet.stop_all()
+    assert codes == {agent.consumer: 0}, fleet.tails()
+    letters = await dead_letters(redis)
+    assert list(letters) == [poison]
+    letter = letters[poison]
+    assert (letter["stream"], letter["group"], letter["issueId"]) == (STREAM, GROUP, "rc-7")
+    assert letter["reason"] == "max-deliveries" and letter["consumer"] == agent.consumer
+    assert letter["type"] == "ISSUE_ASSIGNED" and json.loads(letter["payload"]) == {"poison": True}
+    # The agent asked for it (DEAD_LETTER), after running it RIG_MAX_DELIVERIES times.
+    async with engine.connect() as conn:
+        asked = [
+            row.detail.get("askedBy")
+            for row in await conn.execute(
+                select(events.c.detail).where(
+                    events.c.kind == "DEAD_LETTERED", events.c.entry_id == poison
+                )
+            )
+        ]
+    assert asked == [agent.consumer]
+    assert len(calls(out, "rc-7")) == 3
+    kinds = [kind for kind, _, _ in await work_events(engine, poison)]
+    assert kinds == ["WORK_STARTED", "WORK_FAILED"] * 3
+    assert sorted(effects(out)) == ["rc-8"]
+
+
+async def test_a_python_and_a_typescript_agent_share_one_group(
+    rig_agent: list[str],
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    issues = [f"rc-{n}" for n in range(1, 17)]
+    env = {"E2E_OUT_DIR": str(out), "E2E_WORK_S": "0.3"}
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, env) as fleet:
+            python = fleet.start("builder", "builder-py-0")
+            node = start_ts(fleet, rig_agent, "builder", "builder-ts-0")
+            for agent in (python, node):
+                await wait_for(
+                    lambda: heard_from(api, agent.consumer),  # noqa: B023
+                    within=WITHIN,
+                    explain=fleet.tails,
+                )
+            entries = {issue: await dispatch(api, issue, {}) for issue in issues}
+            await wait_for(
+                lambda: settled(engine, redis, set(entries.values())),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            codes = fleet.stop_all()
+    assert codes == {python.consumer: 0, node.consumer: 0}, fleet.tails()
+    completions = await accepted_completions(engine)
+    assert_published_once(out, completions, entries)  # type: ignore[arg-type]
+    by = {effects(out)[issue]["consumer"] for issue in issues}
+    assert by == {python.consumer, node.consumer}, "both runtimes took a share of the work"
+
+
+def test_the_lease_is_the_python_runtimes(rig_agent: list[str]) -> None:
+    """Same key and scripts as `rig_conductor.agent.lease`, so the two runtimes exclude each
+    other on one consumer name."""
+    from rig_conductor.agent import lease
+
+    source = (PACKAGE / "src" / "lease.ts").read_text()
+    assert lease._RENEW_LUA in source and lease._RELEASE_LUA in source
+    assert "`rig:consumer:${stream}:${group}:${consumer}`" in source
+    assert lease.lease_key("s", "g", "c") == "rig:consumer:s:g:c"
+    assert sys.executable  # the Python side runs in this interpreter
