@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,8 +69,51 @@ def rig_agent() -> Iterator[list[str]]:
     yield [node, str(PACKAGE / "dist" / "bin.js")]
 
 
+@pytest.fixture(scope="session")
+def installed(rig_agent: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty folder where the packed tarball was installed as the README says
+    (`npm install ./rig-conductor-agent-0.2.0.tgz`), with the README's handler module in it."""
+    npm = shutil.which("npm")
+    assert npm is not None
+    where = tmp_path_factory.mktemp("ts-install")
+    packed = subprocess.run(
+        [npm, "pack", "--pack-destination", str(where)],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert packed.returncode == 0, packed.stderr[-2000:]
+    tarball = where / "rig-conductor-agent-0.2.0.tgz"
+    assert tarball.is_file(), sorted(p.name for p in where.iterdir())
+    app = where / "app"
+    app.mkdir()
+    done = subprocess.run(
+        [npm, "install", "--no-audit", "--no-fund", str(tarball)],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    readme = (PACKAGE / "README.md").read_text()
+    example = re.search(r"```js\n(// handler\.mjs.*?)```", readme, re.DOTALL)
+    assert example is not None, "the README's handler.mjs example"
+    (app / "handler.mjs").write_text(example.group(1))
+    return app
+
+
 def start_ts(
-    fleet: Fleet, command: list[str], agent_id: str, consumer: str, **env: str
+    fleet: Fleet,
+    command: list[str],
+    agent_id: str,
+    consumer: str,
+    *,
+    handler: str | None = None,
+    cwd: Path | None = None,
+    **env: str,
 ) -> AgentProcess:
     """A `rig-agent` process in `fleet` (reaped with it), as `Fleet.start` starts Python ones."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
@@ -88,10 +132,12 @@ def start_ts(
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*command, "--agent-id", agent_id, "--group", GROUP, "--stream", STREAM]
     argv += ["--handler", f"{HANDLER}#build"]
+    if handler is not None:
+        argv[-1] = handler
     with log.open("wb") as sink:
         process = subprocess.Popen(
             argv,
-            cwd=fleet.workdir,
+            cwd=cwd or fleet.workdir,
             env=environment,
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -304,3 +350,88 @@ def test_the_lease_is_the_python_runtimes(rig_agent: list[str]) -> None:
     assert "`rig:consumer:${stream}:${group}:${consumer}`" in source
     assert lease.lease_key("s", "g", "c") == "rig:consumer:s:g:c"
     assert sys.executable  # the Python side runs in this interpreter
+
+
+async def test_the_readme_example_runs_from_the_installed_tarball(
+    installed: Path,
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    reports = tmp_path / "reports"
+    issues = ["rc-1", "rc-2", "rc-3"]
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, {"REPORTS_DIR": str(reports)}) as fleet:
+            agent = start_ts(
+                fleet,
+                [str(installed / "node_modules" / ".bin" / "rig-agent")],
+                "builder",
+                "builder-readme-0",
+                handler="./handler.mjs",
+                cwd=installed,
+            )
+            await wait_for(
+                lambda: heard_from(api, agent.consumer), within=WITHIN, explain=fleet.tails
+            )
+            entries = {issue: await dispatch(api, issue, {"n": issue}) for issue in issues}
+            await wait_for(
+                lambda: settled(engine, redis, set(entries.values())),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            codes = fleet.stop_all()
+    assert codes == {agent.consumer: 0}, fleet.tails()
+    assert sorted(p.name for p in reports.iterdir()) == [f"{issue}.json" for issue in issues]
+    for issue in issues:
+        report = json.loads((reports / f"{issue}.json").read_text())
+        assert report == {
+            "issue": issue,
+            "payload": {"n": issue},
+            "attempt": 1,
+            "by": agent.consumer,
+        }
+
+
+async def test_one_consumer_name_is_refused_across_the_two_runtimes(
+    rig_agent: list[str], redis: Redis, redis_url: str, database_url: str, tmp_path: Path
+) -> None:
+    """The consumer-name lease is the Python runtime's: a TypeScript agent with a live Python
+    agent's name exits 2 with one line, and a Python agent with a live TypeScript one's name
+    too."""
+    async with serve(redis_url, database_url, **conductor_env(["builder"])) as conductor:
+        with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(tmp_path)}) as fleet:
+            python = fleet.start("builder", "builder-shared")
+            node = start_ts(fleet, rig_agent, "builder", "builder-other")
+            for holder in (python, node):
+                key = f"rig:consumer:{STREAM}:{GROUP}:{holder.consumer}"
+                await wait_for(lambda: redis.exists(key), within=WITHIN, explain=fleet.tails)  # noqa: B023
+            second_node = start_ts(fleet, rig_agent, "builder", "builder-shared")
+            second_python = fleet.start("builder", "builder-other")
+            for second in (second_node, second_python):
+                assert second.process.wait(timeout=WITHIN) == 2, second.output()
+            assert python.process.poll() is None and node.process.poll() is None
+    refusal = [line for line in second_node.output().splitlines() if "Refusing" in line]
+    assert len(refusal) == 1 and "consumer name in use by another live process" in refusal[0]
+    assert "consumer name in use" in second_python.output()
+
+
+def test_a_bad_setting_is_one_line_naming_it(rig_agent: list[str], tmp_path: Path) -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
+    environment["RIG_HEARTBEAT_INTERVAL_S"] = "-1"
+    done = subprocess.run(
+        [*rig_agent, "--agent-id", "builder", "--group", GROUP, "--handler", str(HANDLER)],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        'rig-agent: RIG_HEARTBEAT_INTERVAL_S: must be greater than 0 (got "-1")'
+    ]
