@@ -6,7 +6,7 @@ import type { Entry, Handler, ProgressReporter } from "./entry.js";
 import { log } from "./log.js";
 import { pause } from "./retry.js";
 
-export const CANCEL_WAIT_MS = 5_000; // how long an abandoned handler may take to unwind
+export const CANCEL_WAIT_MS = 1_000; // how long an abandoned handler may take to unwind on its signal
 
 export type HandlerResult =
   | { kind: "ok" }

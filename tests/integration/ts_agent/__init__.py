@@ -1,11 +1,13 @@
 """Running the TypeScript agent in tests: the package built (and packed, and installed as a user
 installs it) once a session, `rig-agent` processes in a `Fleet`, and the checks its tests share.
 
-One test file uses these (`test_typescript_agent.py`): pytest-xdist hands out whole files, so
-`npm ci` never runs twice at once in the package's folder."""
+The package is built once a test run, whichever pytest-xdist worker gets there first.
+`installed` packs it into a tarball of its own, so `npm pack` never rebuilds `dist/` under
+running agents: `--ignore-scripts` skips the `prepack` build."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -38,18 +40,33 @@ WITHIN = 90.0  # a loaded two-core machine: generous bounds, conditions waited o
 
 @pytest.fixture(scope="session", name="rig_agent")
 def rig_agent_fixture() -> Iterator[list[str]]:
-    """The command that runs the TypeScript agent, built once a session with `npm ci` and
-    `npm run build`, as a user builds the package."""
+    """The command that runs the TypeScript agent, built once a test run with `npm ci` and
+    `npm run build`, as a user builds the package.
+
+    pytest-xdist workers of one run share the build: the first builds under a lock and leaves a
+    stamp with the run's id; the others find it and build nothing (a second `npm ci` would
+    delete node_modules under agents that run from it)."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:
         missing("node and npm are needed to build and run the TypeScript agent")
-    for step in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
-        done = subprocess.run(
-            [npm, *step], cwd=PACKAGE, capture_output=True, text=True, timeout=600, check=False
-        )
-        assert done.returncode == 0, (
-            f"npm {' '.join(step)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-        )
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
+    with (PACKAGE / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = PACKAGE / "dist" / ".built-by-test-run"
+        if not (stamp.is_file() and stamp.read_text() == run):
+            for step in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
+                done = subprocess.run(
+                    [npm, *step],
+                    cwd=PACKAGE,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
+                    check=False,
+                )
+                assert done.returncode == 0, (
+                    f"npm {' '.join(step)}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+                )
+            stamp.write_text(run)
     yield [node, str(PACKAGE / "dist" / "bin.js")]
 
 
@@ -61,7 +78,7 @@ def installed_fixture(rig_agent: list[str], tmp_path_factory: pytest.TempPathFac
     assert npm is not None
     where = tmp_path_factory.mktemp("ts-install")
     packed = subprocess.run(
-        [npm, "pack", "--pack-destination", str(where)],
+        [npm, "pack", "--ignore-scripts", "--pack-destination", str(where)],
         cwd=PACKAGE,
         capture_output=True,
         text=True,
@@ -115,9 +132,7 @@ def start_ts(
     log = fleet.workdir / "logs" / f"{consumer}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*command, "--agent-id", agent_id, "--group", GROUP, "--stream", STREAM]
-    argv += ["--handler", f"{HANDLER}#build"]
-    if handler is not None:
-        argv[-1] = handler
+    argv += ["--handler", handler or f"{HANDLER}#build"]
     with log.open("wb") as sink:
         process = subprocess.Popen(
             argv,

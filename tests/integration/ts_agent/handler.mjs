@@ -8,9 +8,19 @@
 // - E2E_HOLD_FILE: a call blocks while this file exists, writing `holding-<consumer>` first (a
 //   worker stuck in a long build, about to be killed).
 // An issue dispatched with payload `{"poison": true}` fails on every call.
+//
+// `hang` blocks on the issues named in E2E_HANG_ISSUES (comma list) while E2E_HANG_FILE exists,
+// reporting no progress and heeding no signal (a deadlocked CLI); other issues build. `review`
+// throws `Degraded` while E2E_DEGRADED_CALLS calls are not spent (pausing E2E_DEGRADED_PAUSE_S),
+// then builds.
 import { existsSync, mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+
+// The runtime the agent runs (`dist/bin.js`), so `instanceof Degraded` holds.
+import { Degraded } from "../../../clients/typescript/dist/index.js";
+
+let calls = 0;
 
 export async function build(entry) {
   const out = process.env.E2E_OUT_DIR;
@@ -28,6 +38,27 @@ export async function build(entry) {
   await sleep(Number(process.env.E2E_WORK_S ?? "0.05") * 1000);
   const effect = { issueId: issue, entryId: entry.id, consumer: entry.consumer, attempt: entry.attempt };
   writeFileSync(entry.stage(join(out, "effects", `${issue}.json`)), JSON.stringify(effect));
+}
+
+export async function hang(entry) {
+  const out = process.env.E2E_OUT_DIR;
+  const hangs = (process.env.E2E_HANG_ISSUES ?? "").split(",");
+  const file = process.env.E2E_HANG_FILE;
+  if (hangs.includes(entry.fields.issueId) && file && existsSync(file)) {
+    mkdirSync(out, { recursive: true });
+    writeFileSync(join(out, `hanging-${entry.consumer}`), entry.id);
+    while (existsSync(file)) await sleep(50);
+  }
+  await build(entry);
+}
+
+export async function review(entry) {
+  calls += 1;
+  if (calls <= Number(process.env.E2E_DEGRADED_CALLS ?? "0")) {
+    const until = new Date(Date.now() + Number(process.env.E2E_DEGRADED_PAUSE_S) * 1000);
+    throw new Degraded(`codex_quota_exhausted_until_${until.toISOString()}`, { until });
+  }
+  await build(entry);
 }
 
 export default build;
