@@ -1,13 +1,14 @@
 """The TypeScript runtime's answers to faults, against real servers and `rig-agent` processes:
-SIGTERM finishes the entry in hand and exits 0; a vanished group (NOGROUP) is created again; a
-handler hung past RIG_ENTRY_DEADLINE_MS is abandoned and its entry moved by the reaper, while
-the agent keeps its liveness and its other work; a handler that throws `Degraded` pauses its
-agent, whose entries go to a healthy one.
+SIGTERM finishes the entry in hand and exits 0, a second one gives it up; a vanished group
+(NOGROUP) is created again; a handler hung past RIG_ENTRY_DEADLINE_MS is abandoned and its entry
+moved by the reaper, while the agent keeps its liveness and its other work; a handler that
+throws `Degraded` pauses its agent, whose entries go to a healthy one.
 
 Off CI a machine without Node skips; with CI set, that fails (`tests.needs`)."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import httpx
@@ -72,6 +73,41 @@ async def test_sigterm_finishes_the_entry_in_hand_and_exits_0(
     assert [c.consumer for c in (await accepted_completions(engine))[entry]] == [agent.consumer]
     assert sorted(effects(out)) == ["rc-1"]
     assert await pending(redis) == {}
+    assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
+
+
+async def test_a_second_sigterm_abandons_the_entry_in_hand(
+    rig_agent: list[str],
+    redis: Redis,
+    engine: AsyncEngine,
+    redis_url: str,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    hold = tmp_path / "hold"
+    hold.touch()
+    async with (
+        serve(redis_url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out)}) as fleet:
+            agent = start_ts(fleet, rig_agent, "builder", "builder-ts-0", E2E_HOLD_FILE=str(hold))
+            await wait_for(lambda: heard_from(api, agent.consumer), within=WITHIN)
+            entry = await dispatch(api, "rc-1", {})
+            await wait_for(
+                lambda: (out / f"holding-{agent.consumer}").exists(),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            agent.terminate()
+            await wait_for(lambda: "SIGTERM received" in agent.output(), within=WITHIN)
+            agent.process.send_signal(signal.SIGTERM)  # the handler never ends: give it up
+            assert agent.process.wait(timeout=WITHIN) == 0, agent.output()
+    assert "SIGTERM again: abandoning the current entry" in agent.output()
+    assert await pending(redis) == {entry: agent.consumer}  # left pending, for the reaper
+    assert entry not in await accepted_completions(engine)
+    assert effects(out) == {} and staged_leftovers(out) == []
     assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
 
 
