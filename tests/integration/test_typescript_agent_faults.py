@@ -2,22 +2,24 @@
 SIGTERM finishes the entry in hand and exits 0, a second one gives it up; a vanished group
 (NOGROUP) is created again; a handler hung past RIG_ENTRY_DEADLINE_MS is abandoned and its entry
 moved by the reaper, while the agent keeps its liveness and its other work; a handler that
-throws `Degraded` pauses its agent, whose entries go to a healthy one.
+throws `Degraded` pauses its agent, whose entries go to a healthy one; Redis restarted empty
+fences the entry in hand off, and its dispatch, appended again, runs and publishes once.
 
 Off CI a machine without Node skips; with CI set, that fails (`tests.needs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from pathlib import Path
 
 import httpx
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from tests.e2e.fleet import (
     GROUP,
     STREAM,
@@ -33,6 +35,7 @@ from tests.e2e.fleet import (
 )
 
 from .helpers import serve, wait_for
+from .restartable import RestartableRedis
 from .ts_agent import HANDLER, WITHIN, rig_agent_fixture, settled, start_ts  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -274,3 +277,70 @@ async def test_a_degraded_agent_reads_nothing_and_its_entries_move(
         )
     assert len(failures) == 1 and failures[0].startswith("degraded: codex_quota_exhausted_until_")
     assert await pending(redis) == {}
+
+
+async def test_redis_restarted_empty_fences_the_entry_in_hand_and_runs_its_dispatch_again(
+    rig_agent: list[str],
+    restartable_redis: RestartableRedis,
+    database_url: str,
+    engine: AsyncEngine,
+    tmp_path: Path,
+) -> None:
+    out, hold = tmp_path / "out", tmp_path / "hold"
+    hold.touch()
+    redis = Redis.from_url(restartable_redis.url, decode_responses=True)
+    async with (
+        contextlib.aclosing(redis),
+        serve(restartable_redis.url, database_url, **conductor_env(["builder"])) as conductor,
+        httpx.AsyncClient(base_url=conductor.url) as api,
+    ):
+        env = {"E2E_OUT_DIR": str(out)}
+        with Fleet(restartable_redis.url, conductor.url, tmp_path, env) as fleet:
+
+            async def epoch_remembered() -> bool:
+                async with engine.connect() as conn:
+                    return await conn.scalar(select(func.count()).select_from(redis_epochs)) == 1
+
+            await wait_for(epoch_remembered, within=WITHIN)  # the first scan has looked
+            agent = start_ts(fleet, rig_agent, "builder", "builder-ts-0", E2E_HOLD_FILE=str(hold))
+            await wait_for(lambda: heard_from(api, agent.consumer), within=WITHIN)
+            lost = await dispatch(api, "rc-1", {})
+            await wait_for(
+                lambda: (out / f"holding-{agent.consumer}").exists(),
+                within=WITHIN,
+                explain=fleet.tails,
+            )
+            restartable_redis.restart_empty()
+
+            async def superseded() -> bool:
+                async with engine.connect() as conn:
+                    state = await conn.scalar(
+                        select(assignments.c.state).where(assignments.c.entry_id == lost)
+                    )
+                return state == "superseded"
+
+            await wait_for(superseded, within=WITHIN, explain=fleet.tails)
+            hold.unlink()  # the entry in hand finishes: its completion is fenced off
+
+            async def done_again() -> bool:
+                async with engine.connect() as conn:
+                    now = await conn.scalar(
+                        select(dispatches.c.entry_id).where(dispatches.c.idempotency_key == "rc-1")
+                    )
+                if now == lost or now not in await accepted_completions(engine):
+                    return False
+                try:
+                    return await pending(redis) == {}
+                except Exception:  # the group is not there again yet
+                    return False
+
+            await wait_for(done_again, within=WITHIN, explain=fleet.tails)
+            codes = fleet.stop_all()
+    assert codes == {agent.consumer: 0}, fleet.tails()
+    assert "fenced at completion" in agent.output()
+    assert "is gone" in agent.output()
+    completions = await accepted_completions(engine)
+    assert lost not in completions and len(completions) == 1
+    (now,) = completions
+    assert effects(out)["rc-1"]["entryId"] == now  # the new entry's output, the old one's discarded
+    assert staged_leftovers(out) == []

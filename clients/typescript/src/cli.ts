@@ -10,6 +10,7 @@ import { ConsumerInUse, LeaseLost, SettingsError } from "./errors.js";
 import type { Handler } from "./entry.js";
 import { runAgent } from "./index.js";
 import { log } from "./log.js";
+import { RedisUnavailable } from "./redis.js";
 import { describe, loadSettings } from "./settings.js";
 import { TokenFileError } from "./tokenFile.js";
 
@@ -138,6 +139,10 @@ export async function main(argv: string[]): Promise<number> {
     if (error instanceof TokenFileError) {
       log.error(`Refusing to start: RIG_API_TOKEN_FILE: ${error.message}`);
       return EXIT_USAGE;
+    }
+    if (error instanceof RedisUnavailable) {
+      log.error(error.message);
+      return EXIT_FAILED;
     }
     if (error instanceof LeaseLost) {
       log.error(error.message);

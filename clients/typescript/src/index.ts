@@ -4,7 +4,8 @@
 import { ConductorClient } from "./conductor.js";
 import type { Handler } from "./entry.js";
 import { Agent, SHUTDOWN_GRACE_MS } from "./runtime.js";
-import { connect } from "./redis.js";
+import { connect, connectNow, watchErrors } from "./redis.js";
+import { log } from "./log.js";
 import { consumerName, loadSettings, type Settings } from "./settings.js";
 import { TokenFile } from "./tokenFile.js";
 
@@ -13,6 +14,7 @@ export { AgentError, ConsumerInUse, Degraded, Fenced, LeaseLost, SettingsError }
 export type { Settings } from "./settings.js";
 export { loadSettings } from "./settings.js";
 export { TokenFileError } from "./tokenFile.js";
+export { RedisUnavailable } from "./redis.js";
 
 /** The agent protocol version this runtime speaks. */
 export const PROTOCOL_VERSION = 2;
@@ -41,7 +43,7 @@ export interface RunAgentOptions {
 
 /** Run an agent until `options.signal` is aborted. Rejects with ConsumerInUse when another live
  * process holds the consumer name, LeaseLost when one takes it over, SettingsError for a bad
- * RIG_* value, or a Redis error when Redis cannot be reached at start. */
+ * RIG_* value, RedisUnavailable when Redis cannot be reached at start. */
 export async function runAgent(handler: Handler, options: RunAgentOptions): Promise<void> {
   const settings = options.settings ?? loadSettings();
   const consumer = options.consumer ?? consumerName(options.agentId);
@@ -60,9 +62,12 @@ export async function runAgent(handler: Handler, options: RunAgentOptions): Prom
   const tokenFile = settings.apiTokenFile ? new TokenFile(settings.apiTokenFile) : undefined;
   const redis = connect(settings);
   const blocking = redis.duplicate();
+  const warn = (message: string): void => log.warn(`Redis connection error: ${message}`);
+  const lastError = watchErrors(redis, warn);
+  const lastBlockingError = watchErrors(blocking, () => undefined); // one voice is enough
   try {
-    await redis.connect();
-    await blocking.connect();
+    await connectNow(redis, lastError);
+    await connectNow(blocking, lastBlockingError);
     const conductor = new ConductorClient({
       baseUrl: settings.conductorUrl,
       agentId: options.agentId,

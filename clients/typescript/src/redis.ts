@@ -82,3 +82,37 @@ export function connect(settings: Settings): AnyRedis {
   }
   return new Redis(settings.redisUrl, options);
 }
+
+/** Redis could not be reached at start; the message is one line naming the cause. */
+export class RedisUnavailable extends Error {
+  override name = "RedisUnavailable";
+}
+
+/** Log a client's connection errors, each distinct one once until it connects again (ioredis
+ * retries by itself; an unheard error event would print a stack trace). The last error, for a
+ * start that fails. */
+export function watchErrors(client: AnyRedis, onError: (message: string) => void): () => Error | undefined {
+  let last: Error | undefined;
+  let said = "";
+  client.on("error", (error: Error) => {
+    last = error;
+    if (error.message !== said) {
+      said = error.message;
+      onError(error.message);
+    }
+  });
+  client.on("ready", () => {
+    said = "";
+  });
+  return () => last;
+}
+
+/** Connect now; RedisUnavailable with the cause when the first try fails. */
+export async function connectNow(client: AnyRedis, lastError: () => Error | undefined): Promise<void> {
+  try {
+    await client.connect();
+  } catch (error) {
+    const cause = lastError() ?? (error as Error);
+    throw new RedisUnavailable(`Redis unavailable: ${cause.name}: ${cause.message.split("\n")[0] ?? ""}`);
+  }
+}
