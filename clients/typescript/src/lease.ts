@@ -39,32 +39,29 @@ export class ConsumerLease {
     private readonly pollMs = 100,
   ) {}
 
-  /** Take the name. A holder whose key expires was a dead predecessor (a restarted pod); a
-   * holder that renews meanwhile is alive, and this process must not start (ConsumerInUse).
+  /** Take the name. A holder whose key expires within one lifetime was a dead predecessor (a
+   * restarted pod); a holder still there after that, or another holder meanwhile, is alive (it
+   * renews), and this process must not start (ConsumerInUse). Only GET and SET: the agent's
+   * least-privilege Redis user may run nothing else on the key (no PTTL).
    * False when `until` was aborted while waiting. */
   async acquire(until?: AbortSignal): Promise<boolean> {
     let first: string | undefined;
-    let lastTtl: number | undefined;
     let deadline = 0;
     while (!until?.aborted) {
       if ((await this.redis.set(this.key, this.instance, "PX", this.ttlMs, "NX")) === "OK") return true;
-      const replies = await this.redis.multi().get(this.key).pttl(this.key).exec();
-      const holder = replies?.[0]?.[1] as string | null | undefined;
-      const ttl = Number(replies?.[1]?.[1] ?? -2);
-      if (holder === null || holder === undefined) continue;
+      const holder = await this.redis.get(this.key);
+      if (holder === null) continue; // expired meanwhile: take it
       if (first === undefined) {
         first = holder;
-        deadline = performance.now() + Math.max(ttl, 0) + 1000;
-        log.info(`Consumer name lease ${this.key} is held by instance ${holder} for ${ttl} ms more; waiting`);
+        deadline = performance.now() + this.ttlMs + 1000;
+        log.info(`Consumer name lease ${this.key} is held by instance ${holder}; waiting up to ${this.ttlMs} ms for it to expire`);
       }
-      const renewed = lastTtl !== undefined && ttl > lastTtl + 50;
-      if (holder !== first || renewed || performance.now() > deadline) {
+      if (holder !== first || performance.now() > deadline) {
         throw new ConsumerInUse(
           `consumer name in use by another live process (lease ${this.key} renewed by instance ${holder}); ` +
             "give each process its own CONSUMER_ID",
         );
       }
-      lastTtl = ttl;
       await pause(this.pollMs, until);
     }
     return false;

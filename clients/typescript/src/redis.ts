@@ -41,6 +41,8 @@ function common(settings: Settings): RedisOptions {
     maxRetriesPerRequest: RETRIES,
     retryStrategy: (times) => Math.min(50 * 2 ** times, 2_000),
     lazyConnect: true,
+    // The ready check sends INFO, which the agent's least-privilege Redis user may not run.
+    enableReadyCheck: false,
   };
   const secure = tls(settings);
   if (secure) options.tls = secure;
