@@ -4,12 +4,14 @@ completed exactly once with their staged outputs published; a SIGKILLed agent's 
 by the reaper to a second TypeScript agent; a poison entry is dead-lettered through the
 conductor (DEAD_LETTER); a Python and a TypeScript agent share one group and split the work;
 the README's example runs from the packed tarball; the consumer-name lease is shared with the
-Python runtime. `test_typescript_agent_faults.py` has the runtime's answers to faults.
+Python runtime; the least-privilege agent user suffices. `test_typescript_agent_faults.py` has
+the runtime's answers to faults.
 
 Off CI a machine without Node skips; with CI set, that fails (`tests.needs`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -23,6 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.redis_access import AGENT_ACL
 from tests.e2e.fleet import (
     GROUP,
     STREAM,
@@ -40,6 +43,7 @@ from tests.e2e.fleet import (
 )
 
 from .helpers import serve, wait_for
+from .restartable import RestartableRedis
 from .ts_agent import (
     HANDLER,
     PACKAGE,
@@ -295,11 +299,13 @@ async def test_one_consumer_name_is_refused_across_the_two_runtimes(
     async with serve(redis_url, database_url, **conductor_env(["builder"])) as conductor:
         with Fleet(redis_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(tmp_path)}) as fleet:
             python = fleet.start("builder", "builder-shared")
-            node = start_ts(fleet, rig_agent, "builder", "builder-other")
+            node = start_ts(fleet, rig_agent, "builder", "builder-other", log_name="ts-other")
             for holder in (python, node):
                 key = f"rig:consumer:{STREAM}:{GROUP}:{holder.consumer}"
                 await wait_for(lambda: redis.exists(key), within=WITHIN, explain=fleet.tails)  # noqa: B023
-            second_node = start_ts(fleet, rig_agent, "builder", "builder-shared")
+            second_node = start_ts(
+                fleet, rig_agent, "builder", "builder-shared", log_name="ts-shared-2"
+            )
             second_python = fleet.start("builder", "builder-other")
             for second in (second_node, second_python):
                 assert second.process.wait(timeout=WITHIN) == 2, second.output()
@@ -324,3 +330,42 @@ def test_a_bad_setting_is_one_line_naming_it(rig_agent: list[str], tmp_path: Pat
     assert done.stderr.strip().splitlines() == [
         'rig-agent: RIG_HEARTBEAT_INTERVAL_S: must be greater than 0 (got "-1")'
     ]
+
+
+async def test_the_least_privilege_agent_user_suffices(
+    rig_agent: list[str],
+    restartable_redis: RestartableRedis,
+    database_url: str,
+    engine: AsyncEngine,
+    tmp_path: Path,
+) -> None:
+    """The agent's Redis user with exactly the documented rights (`redis_access.AGENT_ACL`):
+    the agent runs its entries, and a second process with its consumer name waits for the
+    lease with what that user may run, then is refused (exit 2)."""
+    out = tmp_path / "out"
+    admin = Redis.from_url(restartable_redis.url, decode_responses=True)
+    async with contextlib.aclosing(admin):
+        await admin.execute_command("ACL", "SETUSER", "rig-agent", *AGENT_ACL.split(), ">agent-pw")
+        agent_url = restartable_redis.url.replace("redis://", "redis://rig-agent:agent-pw@", 1)
+        async with (
+            serve(restartable_redis.url, database_url, **conductor_env(["builder"])) as conductor,
+            httpx.AsyncClient(base_url=conductor.url) as api,
+        ):
+            with Fleet(agent_url, conductor.url, tmp_path, {"E2E_OUT_DIR": str(out)}) as fleet:
+                agent = start_ts(fleet, rig_agent, "builder", "builder-ts-0")
+                await wait_for(
+                    lambda: heard_from(api, agent.consumer), within=WITHIN, explain=fleet.tails
+                )
+                entries = {issue: await dispatch(api, issue, {}) for issue in ("rc-1", "rc-2")}
+                await wait_for(
+                    lambda: settled(engine, admin, set(entries.values())),
+                    within=WITHIN,
+                    explain=fleet.tails,
+                )
+                second = start_ts(fleet, rig_agent, "builder", "builder-ts-0", log_name="second")
+                assert second.process.wait(timeout=WITHIN) == 2, second.output()
+                fleet.stop_all()
+    assert agent.process.returncode == 0, fleet.tails()
+    assert "consumer name in use by another live process" in second.output()
+    assert "NOPERM" not in agent.output() + second.output()
+    assert sorted(effects(out)) == ["rc-1", "rc-2"]

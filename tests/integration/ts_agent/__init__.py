@@ -114,6 +114,7 @@ def start_ts(
     *,
     handler: str | None = None,
     cwd: Path | None = None,
+    log_name: str | None = None,
     **env: str,
 ) -> AgentProcess:
     """A `rig-agent` process in `fleet` (reaped with it), as `Fleet.start` starts Python ones."""
@@ -129,7 +130,8 @@ def start_ts(
         | fleet.env
         | env
     )
-    log = fleet.workdir / "logs" / f"{consumer}.log"
+    # `log_name`: for a second process of one consumer name, which must not share the first's log.
+    log = fleet.workdir / "logs" / f"{log_name or consumer}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*command, "--agent-id", agent_id, "--group", GROUP, "--stream", STREAM]
     argv += ["--handler", handler or f"{HANDLER}#build"]
