@@ -9,7 +9,7 @@ RUNS ?= 10
 WORKERS ?= 3
 XDIST = -n $(WORKERS)
 
-.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: ts docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -74,6 +74,14 @@ chaos-quick: install
 ## Helm chart and Dockerfile checks (tests/chart): real helm, kubernetes-validate, promtool, hadolint, checkov.
 chart: install
 	$(BIN)/python -m pytest tests/chart
+
+## The TypeScript agent (clients/typescript): npm ci, strict build, unit tests, and the npm tarball
+## a user installs, kept in $(RIG_ARTIFACTS_DIR)/npm.
+RIG_ARTIFACTS_DIR ?= .artifacts
+ts:
+	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
+	mkdir -p "$(RIG_ARTIFACTS_DIR)/npm"
+	cd clients/typescript && npm pack --pack-destination "$(abspath $(RIG_ARTIFACTS_DIR))/npm"
 
 ## The container image without a Docker daemon (buildah; see scripts/build-image.sh).
 image:
