@@ -24,8 +24,9 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import redis_rights
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.adapters.redis_access import AGENT_ACL
+from rig_conductor.agent.lease import lease_key
 from tests.e2e.fleet import (
     GROUP,
     STREAM,
@@ -93,7 +94,7 @@ async def test_a_typescript_agent_completes_each_issue_once_and_publishes_its_ou
         kinds = [kind for kind, _, _ in await work_events(engine, entry)]
         assert kinds == ["WORK_STARTED", "WORK_COMPLETED", "WORK_PUBLISHED"], kinds
     # The consumer-name lease was released at the clean stop.
-    assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
+    assert await redis.exists(lease_key(agent.agent_id, STREAM, GROUP, agent.consumer)) == 0
 
 
 async def test_a_sigkilled_typescript_agents_entry_is_moved_to_a_second_one(
@@ -240,8 +241,8 @@ def test_the_lease_is_the_python_runtimes(rig_agent: list[str]) -> None:
 
     source = (PACKAGE / "src" / "lease.ts").read_text()
     assert lease._RENEW_LUA in source and lease._RELEASE_LUA in source
-    assert "`rig:consumer:${stream}:${group}:${consumer}`" in source
-    assert lease.lease_key("s", "g", "c") == "rig:consumer:s:g:c"
+    assert "`${agentPrefix(agentId)}lease:${stream}:${group}:${consumer}`" in source
+    assert lease.lease_key("a", "s", "g", "c") == "rig:agent:a:lease:s:g:c"
     assert sys.executable  # the Python side runs in this interpreter
 
 
@@ -301,7 +302,7 @@ async def test_one_consumer_name_is_refused_across_the_two_runtimes(
             python = fleet.start("builder", "builder-shared")
             node = start_ts(fleet, rig_agent, "builder", "builder-other", log_name="ts-other")
             for holder in (python, node):
-                key = f"rig:consumer:{STREAM}:{GROUP}:{holder.consumer}"
+                key = lease_key(holder.agent_id, STREAM, GROUP, holder.consumer)
                 await wait_for(lambda: redis.exists(key), within=WITHIN, explain=fleet.tails)  # noqa: B023
             second_node = start_ts(
                 fleet, rig_agent, "builder", "builder-shared", log_name="ts-shared-2"
@@ -339,14 +340,19 @@ async def test_the_least_privilege_agent_user_suffices(
     engine: AsyncEngine,
     tmp_path: Path,
 ) -> None:
-    """The agent's Redis user with exactly the documented rights (`redis_access.AGENT_ACL`):
+    """The agent's Redis user exactly as `rig-conductor redis-acl` prints it:
     the agent runs its entries, and a second process with its consumer name waits for the
     lease with what that user may run, then is refused (exit 2)."""
     out = tmp_path / "out"
     admin = Redis.from_url(restartable_redis.url, decode_responses=True)
     async with contextlib.aclosing(admin):
-        await admin.execute_command("ACL", "SETUSER", "rig-agent", *AGENT_ACL.split(), ">agent-pw")
-        agent_url = restartable_redis.url.replace("redis://", "redis://rig-agent:agent-pw@", 1)
+        rules = redis_rights.agent_rules("builder", [STREAM])
+        await admin.execute_command(
+            "ACL", "SETUSER", "rig-agent-builder", *rules.split(), "on", ">agent-pw"
+        )
+        agent_url = restartable_redis.url.replace(
+            "redis://", "redis://rig-agent-builder:agent-pw@", 1
+        )
         async with (
             serve(restartable_redis.url, database_url, **conductor_env(["builder"])) as conductor,
             httpx.AsyncClient(base_url=conductor.url) as api,

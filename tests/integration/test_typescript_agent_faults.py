@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
+from rig_conductor.agent.lease import lease_key
 from tests.e2e.fleet import (
     GROUP,
     STREAM,
@@ -76,7 +77,7 @@ async def test_sigterm_finishes_the_entry_in_hand_and_exits_0(
     assert [c.consumer for c in (await accepted_completions(engine))[entry]] == [agent.consumer]
     assert sorted(effects(out)) == ["rc-1"]
     assert await pending(redis) == {}
-    assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
+    assert await redis.exists(lease_key(agent.agent_id, STREAM, GROUP, agent.consumer)) == 0
 
 
 async def test_a_second_sigterm_abandons_the_entry_in_hand(
@@ -111,7 +112,7 @@ async def test_a_second_sigterm_abandons_the_entry_in_hand(
     assert await pending(redis) == {entry: agent.consumer}  # left pending, for the reaper
     assert entry not in await accepted_completions(engine)
     assert effects(out) == {} and staged_leftovers(out) == []
-    assert await redis.exists(f"rig:consumer:{STREAM}:{GROUP}:{agent.consumer}") == 0
+    assert await redis.exists(lease_key(agent.agent_id, STREAM, GROUP, agent.consumer)) == 0
 
 
 async def test_a_vanished_group_is_created_again_and_read_on(

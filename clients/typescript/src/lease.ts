@@ -25,8 +25,19 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 `;
 
-export function leaseKey(stream: string, group: string, consumer: string): string {
-  return `rig:consumer:${stream}:${group}:${consumer}`;
+/** `rig:agent:<agentId>:`: the keys an agent writes, the agent id percent-encoded as the
+ * Python runtime's `redis_keys.agent_prefix` does (every byte but `A-Z a-z 0-9 _ . - ~`), so an
+ * ACL key pattern gives each agent its own keys and no other agent's. */
+export function agentPrefix(agentId: string): string {
+  const encoded = encodeURIComponent(agentId).replace(
+    /[!'()*]/g,
+    (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`,
+  );
+  return `rig:agent:${encoded}:`;
+}
+
+export function leaseKey(agentId: string, stream: string, group: string, consumer: string): string {
+  return `${agentPrefix(agentId)}lease:${stream}:${group}:${consumer}`;
 }
 
 export class ConsumerLease {

@@ -61,7 +61,7 @@ export class Agent {
   ) {
     this.stop = o.stop.signal;
     this.reader = new GroupReader(o.redis, o.blocking, o.stream, o.group, o.consumer);
-    this.lease = new ConsumerLease(o.redis, leaseKey(o.stream, o.group, o.consumer), leaseTtlMs(o.settings));
+    this.lease = new ConsumerLease(o.redis, leaseKey(o.agentId, o.stream, o.group, o.consumer), leaseTtlMs(o.settings));
     this.settler = new Settler(this.reader, o.conductor, this.stop, () => (this.conductorDown = true));
   }
 

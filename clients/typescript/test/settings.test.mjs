@@ -7,7 +7,7 @@ import { test } from "node:test";
 
 import { consumerName, leaseTtlMs, loadSettings, maskUrl } from "../dist/settings.js";
 import { triage } from "../dist/entry.js";
-import { leaseKey } from "../dist/lease.js";
+import { agentPrefix, leaseKey } from "../dist/lease.js";
 
 test("defaults", () => {
   const s = loadSettings({});
@@ -88,7 +88,11 @@ test("consumer name: CONSUMER_ID, else HOSTNAME, else the agent id and a UUID", 
 });
 
 test("the lease key is the Python runtime's", () => {
-  assert.equal(leaseKey("rig:dispatch", "builders", "b-0"), "rig:consumer:rig:dispatch:builders:b-0");
+  assert.equal(leaseKey("b", "rig:dispatch", "builders", "b-0"), "rig:agent:b:lease:rig:dispatch:builders:b-0");
+  // The agent id percent-encoded as Python's quote(id, safe=""): no ':' and no glob character.
+  assert.equal(agentPrefix("dev-e:x"), "rig:agent:dev-e%3Ax:");
+  assert.equal(agentPrefix("a*b?[c]'(!)"), "rig:agent:a%2Ab%3F%5Bc%5D%27%28%21%29:");
+  assert.equal(agentPrefix("ü.b_c~d"), "rig:agent:%C3%BC.b_c~d:");
 });
 
 test("triage: trimmed entries and worn-out ones are not handled", () => {

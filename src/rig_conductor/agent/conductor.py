@@ -28,7 +28,9 @@ T = TypeVar("T")
 BACKOFF_START_S = 0.5
 BACKOFF_MAX_S = 10.0
 RETRY_AFTER_MAX_S = 60.0
-_RETRYABLE = frozenset({502, 503, 504})
+# A 429 (a client in its failed-token window, say) passes like an outage: retried, with the
+# Retry-After it asks for.
+_RETRYABLE = frozenset({429, 502, 503, 504})
 HTTP_UNAUTHORIZED = 401
 
 
@@ -68,7 +70,9 @@ class FencedAnswer:
 
     @property
     def done(self) -> bool:
-        return self.state == "done"
+        """The entry is finished: a `fenced:` answer with state `done`. A `refused:` one (the
+        report did not come from the attempt's owner) says nothing of whose completion counts."""
+        return self.state == "done" and self.detail.startswith("fenced:")
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,8 @@ async def test_a_retried_completion_that_was_accepted_commits_its_files(
             raise httpx.ReadError("connection closed", request=request)
         if sent[-1] == "WORK_PUBLISHED":
             return httpx.Response(202, json={"accepted": True, "attempt": 1, "state": "done"})
-        return httpx.Response(409, json={"attempt": 1, "state": "done", "detail": "done"})
+        body = {"attempt": 1, "state": "done", "detail": "fenced: the entry is already done"}
+        return httpx.Response(409, json=body)
 
     client = ConductorClient(
         base_url="http://conductor",
