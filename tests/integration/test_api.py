@@ -394,7 +394,12 @@ async def move(redis: Redis, engine: AsyncEngine, entry: str, to: str) -> None:
     """A reclaim of `entry` to `to`: the XCLAIM, and the new attempt reserved for it."""
     await redis.xclaim("rig:dispatch", "workers", to, 0, [entry], justid=True)
     await work_store.reclaimed(
-        engine, tenant="default", stream="rig:dispatch", consumer=to, entry_ids=[entry]
+        engine,
+        tenant="default",
+        stream="rig:dispatch",
+        group="workers",
+        consumer=to,
+        entry_ids=[entry],
     )
 
 
