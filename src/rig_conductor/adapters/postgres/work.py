@@ -337,7 +337,9 @@ async def load_work_evidence(
     return WorkEvidence(worn, progress, {k: frozenset(v) for k, v in finished.items()})
 
 
-# A reclaim opens a new attempt reserved for the target, in the group's lane.
+# A reclaim opens a new attempt reserved for the target, in the group's lane. A target that
+# started the entry between the XCLAIM and this record already holds a newer attempt (its start
+# fenced the old owner): the reservation leaves it, so the move never fences its own target.
 _RECLAIMED = (
     text(
         """
@@ -347,6 +349,7 @@ _RECLAIMED = (
            AND entry_id = ANY(string_to_array(:ids, ','))
            AND (group_name IS NULL OR group_name = :group)
            AND state NOT IN ('done', 'dead', 'superseded')
+           AND NOT (state = 'running' AND consumer = :consumer)
         """
     ),
     text(
@@ -356,6 +359,7 @@ _RECLAIMED = (
          WHERE tenant = :tenant AND stream = :stream AND group_name = :group
            AND entry_id = ANY(string_to_array(:ids, ','))
            AND state NOT IN ('done', 'dead', 'superseded')
+           AND NOT (state = 'running' AND consumer = :consumer)
         """
     ),
 )
