@@ -114,6 +114,12 @@ class Metrics:
             registry=r,
         )
         self.heartbeats = Counter("rig_heartbeats_received", "Heartbeats accepted", registry=r)
+        self.legacy_events = Counter(
+            "rig_legacy_events",
+            "WORK_* events that named no group (agents of the previous release), by type",
+            ["type"],
+            registry=r,
+        )
         self.dispatched = Counter(
             "rig_dispatched_entries", "ISSUE_ASSIGNED entries appended", ["stream"], registry=r
         )

@@ -394,7 +394,12 @@ async def move(redis: Redis, engine: AsyncEngine, entry: str, to: str) -> None:
     """A reclaim of `entry` to `to`: the XCLAIM, and the new attempt reserved for it."""
     await redis.xclaim("rig:dispatch", "workers", to, 0, [entry], justid=True)
     await work_store.reclaimed(
-        engine, tenant="default", stream="rig:dispatch", consumer=to, entry_ids=[entry]
+        engine,
+        tenant="default",
+        stream="rig:dispatch",
+        group="workers",
+        consumer=to,
+        entry_ids=[entry],
     )
 
 
@@ -497,6 +502,32 @@ async def test_the_target_of_a_reclaim_owns_the_attempt_it_reserved(
         "/api/events", json=work("WORK_PROGRESS", "dev-e-0", entry, attempt=2)
     )
     assert old_owner.status_code == 409 and "another consumer" in old_owner.json()["detail"]
+
+
+async def test_a_target_that_starts_right_after_the_move_is_not_fenced_by_it(
+    api: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
+) -> None:
+    """Reaper rule 6: the target starts the entry between the XCLAIM and the move's record of
+    the new attempt. Its start took attempt 2 and fenced the old owner; the record leaves it
+    there, so the target's completion counts and the entry runs once."""
+    entry = (await api.post("/api/events", json=assigned())).json()["entryId"]
+    await read_as(redis, "dev-e-0")
+    await api.post("/api/events", json=work("WORK_STARTED", "dev-e-0", entry))
+    await redis.xclaim("rig:dispatch", "workers", "dev-e-1", 0, [entry], justid=True)
+    started = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-1", entry))
+    assert started.json() == {"attempt": 2}
+    await work_store.reclaimed(
+        engine,
+        tenant="default",
+        stream="rig:dispatch",
+        group="workers",
+        consumer="dev-e-1",
+        entry_ids=[entry],
+    )
+    done = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-1", entry, attempt=2))
+    assert done.status_code == 202 and done.json()["state"] == "done", done.text
+    stale = await api.post("/api/events", json=work("WORK_COMPLETED", "dev-e-0", entry, attempt=1))
+    assert stale.status_code == 409
 
 
 async def test_streams_view_and_scan_on_demand(api: httpx.AsyncClient, redis: Redis) -> None:

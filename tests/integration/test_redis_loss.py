@@ -135,7 +135,9 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
     await report(engine, "WORK_STARTED", done, "rc-done")
     await report(engine, "WORK_COMPLETED", done, "rc-done", attempt=1)
     dead = await dispatched(redis, engine, "rc-dead")
-    await work.dead_lettered(engine, tenant="default", stream=S, entries=[(dead, "rc-dead", 5)])
+    await work.dead_lettered(
+        engine, tenant="default", stream=S, group="builders", entries=[(dead, "rc-dead", 5)]
+    )
 
     first = await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
     assert (first.redis_data_lost, first.redispatched) == ([], 0)

@@ -801,3 +801,25 @@ def test_a_completion_counts_only_once_its_staged_outputs_are_published(
     assert by_entry["3-0"]["completed_by"] == ["qa-e-0"]
     reports = rc.work_reports(events, found)
     assert duplicates.completed_by_several(reports).collect() == []
+
+
+def test_groups_fanning_out_each_complete_their_own_work_once(spark: SparkSession) -> None:
+    """Work is owned per group: `workers` and `auditors` each completing rc-1's entry is not
+    work done twice, nor is an attempt of one group overlapping the other's; two consumers
+    completing it within `workers` is."""
+    log = Log().assign("1-0", "rc-1").assign("2-0", "rc-2")
+    for group, consumer in (("workers", "dev-e-0"), ("auditors", "qa-e-0")):
+        log.add(rc.WORK_STARTED, entry="1-0", consumer=consumer, attempt=1, group=group)
+    log.add(rc.WORK_STARTED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
+    log.add(rc.WORK_COMPLETED, entry="1-0", consumer="qa-e-0", attempt=1, group="auditors")
+    log.add(rc.WORK_COMPLETED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
+    for consumer, attempt in (("dev-e-0", 1), ("dev-e-1", 2)):
+        log.add(rc.WORK_STARTED, entry="2-0", consumer=consumer, attempt=attempt, group="workers")
+        log.add(rc.WORK_COMPLETED, entry="2-0", consumer=consumer, attempt=attempt, group="workers")
+    events = log.frame(spark)
+    found = facts(events)
+    reports = rc.work_reports(events, found)
+    overlaps = duplicates.overlapping_attempts(reports, rc.reattempted(found))
+    several = duplicates.completed_by_several(reports)
+    dupes = duplicates.duplicates(reports, overlaps, several).collect()
+    assert [(d["issue_id"], d["consumers"]) for d in dupes] == [("rc-2", ["dev-e-0", "dev-e-1"])]

@@ -1,7 +1,9 @@
-"""Who holds a stream entry: the consumers whose pending lists name it, one per group.
+"""Who holds a stream entry in a group: one XPENDING on the group named, whatever the number of
+groups the stream has.
 
-A WORK_STARTED must come from a consumer that holds the entry (contract: "Who may speak for
-whom"): an agent that never read the entry, or whose entry was moved away, may not start it.
+A WORK_STARTED must come from a consumer that holds the entry in the group it names (contract:
+"Who may speak for whom"): an agent that never read the entry, or whose entry was moved away,
+may not start it.
 """
 
 from __future__ import annotations
@@ -9,36 +11,42 @@ from __future__ import annotations
 from redis.exceptions import ResponseError
 
 from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.domain import ConsumerName, EntryId, StreamKey
+from rig_conductor.domain import ConsumerName, EntryId, GroupName, StreamKey
 
-# KEYS: stream. ARGV: entry id. Returns the holder in each group whose pending list has the
-# entry (one per group: Redis keeps an entry in one consumer's list per group); {} for a stream
-# that does not exist. One round trip, and one consistent look across the groups.
-_HOLDERS_LUA = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return {} end
-local holders = {}
-for _, group in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local name
-  for i = 1, #group, 2 do
-    if group[i] == 'name' then name = group[i + 1] end
-  end
-  local found = redis.call('XPENDING', KEYS[1], name, ARGV[1], ARGV[1], 1)
-  if #found == 1 then table.insert(holders, found[1][2]) end
-end
-return holders
-"""
+# An event of the previous release names no group: the groups searched for its holder, at most
+# (each costs one XPENDING, pipelined, never one atomic script that would block Redis).
+LEGACY_GROUPS_MAX = 100
 
 
-async def holders(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> set[ConsumerName]:
-    """The consumers holding `entry_id` in a pending list of `stream` (empty: nobody)."""
-    script = client.register_script(_HOLDERS_LUA)
+async def holders_by_group(
+    client: AnyRedis, *, stream: StreamKey, entry_id: EntryId
+) -> dict[GroupName, ConsumerName] | None:
+    """The consumer holding `entry_id` in each group of `stream` that has it pending; None when
+    the stream has more than LEGACY_GROUPS_MAX groups (the event must name its group)."""
     try:
-        found = await script(keys=[stream], args=[entry_id])
+        groups = await client.xinfo_groups(stream)
     except ResponseError as exc:
-        if "WRONGTYPE" in str(exc):  # not a stream: nobody holds anything in it
-            return set()
+        if "no such key" in str(exc).lower() or "WRONGTYPE" in str(exc):
+            return {}
         raise
-    return {ConsumerName(name if isinstance(name, str) else name.decode()) for name in found}
+    if len(groups) > LEGACY_GROUPS_MAX:
+        return None
+    names = [GroupName(_text(group["name"])) for group in groups]
+    if not names:
+        return {}
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.xpending_range(stream, name, min=entry_id, max=entry_id, count=1)
+        found = await pipe.execute()
+    return {
+        name: ConsumerName(_text(rows[0]["consumer"]))
+        for name, rows in zip(names, found, strict=True)
+        if rows
+    }
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def held_in_group(

@@ -30,13 +30,15 @@ def overlapping_attempts(reports: DataFrame, reattempted: DataFrame) -> DataFram
         (F.col("kind") == WORK_STARTED) & ~F.col("fenced") & F.col("attempt").isNotNull()
     ).select(
         *ENTRY,
+        "work_group",
         F.col("id").alias("newer_id"),
         F.col("attempt").alias("newer_attempt"),
         F.col("worker").alias("newer_worker"),
         F.col("occurred_at").alias("newer_started_at"),
     )
     older = reports.where(F.col("attempt").isNotNull())
-    pairs = older.join(starts, ENTRY).where(
+    # Attempts are numbered per group: an older attempt is older within its own group.
+    pairs = older.join(starts, [*ENTRY, "work_group"]).where(
         (F.col("newer_attempt") > F.col("attempt")) & (F.col("newer_id") < F.col("id"))
     )
     first_newer = F.min_by(
@@ -72,14 +74,15 @@ def _issue_key(prefix: str = "") -> Column:
 
 
 def completed_by_several(reports: DataFrame) -> DataFrame:
-    """The issues whose accepted completions name more than one worker: issue_key. Few rows:
-    the cheap first look of `duplicates`, which reads the details of these only."""
+    """The issues whose accepted completions in one group name more than one worker: issue_key,
+    work_group. Groups fanning out over one stream each complete their own work once. Few
+    rows: the cheap first look of `duplicates`, which reads the details of these only."""
     return (
         completions(reports)
-        .groupBy(_issue_key().alias("issue_key"))
+        .groupBy(_issue_key().alias("issue_key"), "work_group")
         .agg(F.min("worker").alias("first"), F.max("worker").alias("last"))
         .where(F.col("first") != F.col("last"))
-        .select("issue_key")
+        .select("issue_key", "work_group")
     )
 
 
@@ -92,7 +95,7 @@ def duplicates(reports: DataFrame, overlaps: DataFrame, several: DataFrame) -> D
     entry = F.struct(*ENTRY)
     done = completions(reports).withColumn("issue_key", _issue_key())
     by_consumers = (
-        done.join(several, "issue_key")
+        done.join(several, ["issue_key", "work_group"])
         .groupBy("issue_key")
         .agg(
             F.max("issue_id").alias("issue_id"),

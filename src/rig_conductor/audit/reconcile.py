@@ -305,9 +305,10 @@ def work_reports(
 ) -> DataFrame:
     """Every WORK_* report, with the issue of its dispatch when the report names none.
 
-    `worker` is the reporting consumer, else its agent; `void` marks a completion whose staged
-    outputs were never published (`unpublished_completions`). Columns: id, occurred_at, kind,
-    stream, entry_id, issue_id, worker, consumer, agent_id, attempt, fenced, void.
+    `worker` is the reporting consumer, else its agent; `work_group` the group it reported for
+    ("" before groups were named); `void` marks a completion whose staged outputs were never
+    published (`unpublished_completions`). Columns: id, occurred_at, kind, stream, entry_id,
+    issue_id, worker, consumer, agent_id, attempt, fenced, work_group, void.
     """
     if unpublished is None:
         unpublished = unpublished_completions(events)
@@ -335,6 +336,9 @@ def work_reports(
         "agent_id",
         "attempt",
         "fenced",
+        # Work is owned per group: attempts and completions are compared within one. Reports of
+        # agents that named no group (before 0.2) share the group "".
+        F.coalesce("group_name", F.lit("")).alias("work_group"),
     )
     return _with_void(reported, unpublished)
 

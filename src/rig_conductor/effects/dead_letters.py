@@ -76,6 +76,7 @@ async def dead_letter_held(
         journal.engine,
         tenant=journal.tenant,
         stream=stream,
+        group=group,
         entries=[(item.entry_id, item.issue_id, item.deliveries)],
     )
     return item

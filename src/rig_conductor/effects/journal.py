@@ -102,6 +102,7 @@ class Recorder:
                 journal.engine,
                 tenant=journal.tenant,
                 stream=assessment.stream,
+                group=assessment.group,
                 consumer=target,
                 entry_ids=ids,
             )
@@ -171,7 +172,11 @@ async def record_dead_letters(
     await queries.append_events(journal.engine, tenant=journal.tenant, rows=rows)
     entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
     await work.dead_lettered(
-        journal.engine, tenant=journal.tenant, stream=assessment.stream, entries=entries
+        journal.engine,
+        tenant=journal.tenant,
+        stream=assessment.stream,
+        group=assessment.group,
+        entries=entries,
     )
 
 

@@ -60,7 +60,11 @@ async def dead_letter(rt: Runtime, request: Request) -> Outcome:
     if (why := await _not_worn(rt, request, deliveries)) is not None:
         return Refused(why)
     finished = await work.finished(
-        rt.engine, tenant=rt.settings.tenant, stream=request.stream, entry_id=request.entry_id
+        rt.engine,
+        tenant=rt.settings.tenant,
+        stream=request.stream,
+        group=request.group,
+        entry_id=request.entry_id,
     )
     if finished is not None:
         return Done(finished)

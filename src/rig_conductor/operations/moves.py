@@ -133,14 +133,15 @@ async def _plan(
         worn_at=rt.settings.max_deliveries,
         deadline_ms=0,
     )
+    worn, _, finished = evidence.of(stream, GroupName(group))
     rule = reclaim.OwnerRule(
         owner=ConsumerName(owner),
         agent=fleet.agent_of(ConsumerName(owner)),
         reason=REASON,
         min_idle_ms=0,
         max_deliveries=rt.settings.max_deliveries,
-        worn=evidence.worn.get(stream, {}),
-        finished=evidence.finished.get(stream, frozenset()),
+        worn=worn,
+        finished=finished,
     )
     assessment = reclaim.GroupAssessment(stream, GroupName(group), {rule.owner: rule}, (to,))
     return reclaim.plan_by_hand(assessment, list(held.values()), target=to.consumer)

@@ -13,12 +13,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rig_conductor.adapters import redis_holders
+from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.domain import AgentId, ConsumerName, EntryId, StreamKey
+from rig_conductor.domain import AgentId, EntryId, StreamKey
 from rig_conductor.policy import speaking
 from rig_conductor.policy.agents import AgentIndex
+
+if TYPE_CHECKING:
+    from rig_conductor.runtime import Runtime
 
 # How stale the registry may be when a bound credential's consumer is resolved: an agent id
 # first heard by another replica is known here this much later at most.
@@ -101,13 +107,69 @@ async def refusal(
     return speaking.refusal(binding, agent_id=agent_id, consumer=consumer, work=work, index=index)
 
 
-async def not_held(redis: AnyRedis, *, stream: str, entry_id: str, consumer: str) -> str | None:
-    """Why `consumer` may not start `entry_id` (None: it holds it in a pending list)."""
-    holders = await redis_holders.holders(
-        redis, stream=StreamKey(stream), entry_id=EntryId(entry_id)
+async def not_held(
+    redis: AnyRedis, *, stream: str, group: str, entry_id: str, consumer: str
+) -> str | None:
+    """Why `consumer` may not start `entry_id` in `group` (None: it holds it there)."""
+    holder = await redis_holders.held_in_group(
+        redis, stream=StreamKey(stream), group=group, entry_id=EntryId(entry_id)
     )
-    if ConsumerName(consumer) in holders:
+    if holder is not None and holder[0] == consumer:
         return None
+    if holder is None:
+        return f"no consumer of group {group} holds entry {entry_id} on {stream}: nothing to start"
+    return f"consumer {consumer} does not hold entry {entry_id} in group {group} of {stream}"
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyGroup:
+    """The group an event of the previous release (no `group`) is taken for: `group` (None: the
+    first lane, as the previous release would), or why none can be told (`problem`)."""
+
+    group: str | None
+    problem: str | None = None
+    # A start from a consumer that holds the entry in no group: why it is refused (409).
+    refusal: str | None = None
+
+
+def _not_holding(stream: str, entry_id: str, consumer: str, holders: dict[Any, Any]) -> str:
     if not holders:
         return f"no consumer holds entry {entry_id} on {stream}: nothing to start"
     return f"consumer {consumer} does not hold entry {entry_id} on {stream}"
+
+
+async def legacy_group(
+    rt: Runtime,
+    *,
+    kind: str,
+    stream: str,
+    entry_id: str,
+    consumer: str,
+    attempt: int | None,
+) -> LegacyGroup:
+    """The one group in which `consumer` holds the entry (a start), or made the attempt the
+    event names (the other reports). More than one: the event must name its group."""
+    if kind == "WORK_STARTED":
+        found = await redis_holders.holders_by_group(
+            rt.redis, stream=StreamKey(stream), entry_id=EntryId(entry_id)
+        )
+        if found is None:
+            return LegacyGroup(None, f"{stream} has too many groups to search: name the group")
+        names: list[str | None] = [group for group, holder in found.items() if holder == consumer]
+        if not names:
+            return LegacyGroup(None, refusal=_not_holding(stream, entry_id, consumer, found))
+    else:
+        names = await work.groups_of_attempt(
+            rt.engine,
+            tenant=rt.settings.tenant,
+            stream=stream,
+            entry_id=entry_id,
+            consumer=consumer,
+            attempt=attempt,
+        )
+    if len(names) > 1:
+        listed = ", ".join(sorted(str(name) for name in names))
+        return LegacyGroup(
+            None, f"{consumer} works on entry {entry_id} in groups {listed}: name the group"
+        )
+    return LegacyGroup(names[0] if names else None)

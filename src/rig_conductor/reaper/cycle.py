@@ -250,12 +250,9 @@ class _Scan:
                 report.add(outcome)
 
     def _assess(self, group: GroupInfo) -> reclaim.GroupAssessment:
+        worn, progress, finished = self.work_evidence.of(group.stream, group.name)
         return reclaim.assess_group(
-            group,
-            self.fleet,
-            attempts=self.work_evidence.worn.get(group.stream),
-            progress=self.work_evidence.progress.get(group.stream),
-            finished=self.work_evidence.finished.get(group.stream, frozenset()),
+            group, self.fleet, attempts=worn, progress=progress, finished=finished
         )
 
     async def _load_heartbeats(self, group: GroupInfo) -> None:

@@ -226,7 +226,7 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
         # Meanwhile the entry is reclaimed to another consumer, which starts a newer attempt.
         await redis.xclaim(S, G, "qa-e-0", 0, [entry_id], justid=True)
         await work_store.reclaimed(
-            engine, tenant="default", stream=S, consumer="qa-e-0", entry_ids=[entry_id]
+            engine, tenant="default", stream=S, group=G, consumer="qa-e-0", entry_ids=[entry_id]
         )
         newer = await post(
             conductor,

@@ -19,7 +19,7 @@ from rig_conductor.agent import Degraded, Entry, Fenced
 from rig_conductor.agent.settings import AgentSettings
 
 from ..helpers import wait_for
-from .harness import AGENT, ME, S, assignment, dispatch, pending, running, work_events
+from .harness import AGENT, ME, G, S, assignment, dispatch, pending, running, work_events
 
 
 async def agent_view(conductor: str) -> dict[str, object]:
@@ -159,7 +159,12 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
         await wait_for(lambda: _state(engine, entry_id, "running"))
         # The reaper moved it elsewhere: a new attempt is reserved for the target.
         await work.reclaimed(
-            engine, tenant="default", stream=S, consumer="dev-e-agent-1", entry_ids=[entry_id]
+            engine,
+            tenant="default",
+            stream=S,
+            group=G,
+            consumer="dev-e-agent-1",
+            entry_ids=[entry_id],
         )
         moved.set()
         await wait_for(lambda: outcome == ["fenced"])

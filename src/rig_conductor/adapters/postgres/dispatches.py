@@ -151,6 +151,7 @@ async def _carry(
             consumer=carry.consumer,
             attempt=carry.attempt,
             outputs=carry.outputs,
+            group_name=carry.group,
         )
         .on_conflict_do_nothing()
     )
@@ -160,6 +161,7 @@ async def _carry(
             kind="WORK_COMPLETED",
             consumer=carry.consumer,
             stream=dispatch.stream,
+            group_name=carry.group,
             entry_id=entry_id,
             issue_id=dispatch.issue_id,
             attempt=carry.attempt,
@@ -291,6 +293,7 @@ class Carry:
     attempt: int
     consumer: str | None
     outputs: list[dict[str, str]]
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +333,20 @@ _SUPERSEDE = text(
 )
 
 
+# The lost entry's attempts in the other groups that read it are fenced off alike (a done one
+# whose outputs were not published is superseded too: only the first group's is carried over).
+_SUPERSEDE_OTHER_GROUPS = text(
+    """
+    UPDATE group_assignments AS a
+       SET state = 'superseded', updated_at = now(),
+           attempt = CASE WHEN a.state = 'done' THEN a.attempt ELSE a.attempt + 1 END
+     WHERE a.tenant = :tenant AND a.stream = :stream AND a.entry_id = :entry_id
+       AND (a.state NOT IN ('done', 'dead', 'superseded')
+            OR (a.state = 'done' AND a.outputs IS NOT NULL AND a.published_at IS NULL))
+    """
+)
+
+
 async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch) -> Fence | None:
     """Fence the dispatch's recorded entry off before it is appended again. None when the entry
     was finished meanwhile (a holder completed it and published its outputs): then it must not
@@ -342,6 +359,7 @@ async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatc
     }
     async with engine.begin() as conn:
         state, consumer, fenced = (await conn.execute(_SUPERSEDE, params)).one()
+        await conn.execute(_SUPERSEDE_OTHER_GROUPS, params)
         # The row as it is now decides, not the statement's snapshot: superseded already (a
         # conductor that died before appending), or finished.
         now = (
@@ -352,6 +370,7 @@ async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatc
                     assignments.c.consumer,
                     assignments.c.outputs,
                     assignments.c.published_at,
+                    assignments.c.group_name,
                 ).where(
                     assignments.c.tenant == tenant,
                     assignments.c.stream == dispatch.stream,
@@ -363,5 +382,5 @@ async def supersede(engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatc
         return None
     carry = None
     if isinstance(now.outputs, list) and now.outputs and now.published_at is None:
-        carry = Carry(now.attempt, now.consumer, now.outputs)
+        carry = Carry(now.attempt, now.consumer, now.outputs, now.group_name)
     return Fence(state, consumer, carry)

@@ -149,6 +149,9 @@ assignments = Table(
     # outputs: nothing to publish.
     Column("outputs", JSONB),
     Column("published_at", DateTime(timezone=True)),
+    # The group whose attempts this row holds (migration 0017): the first to work on the entry.
+    # NULL: written before groups were recorded; the first group to report on it claims it.
+    Column("group_name", Text),
     Index(
         "ix_assignments_unpublished",
         "tenant",
@@ -160,6 +163,36 @@ assignments = Table(
     CheckConstraint(
         "state IN ('pending', 'running', 'done', 'failed', 'dead', 'superseded')",
         name="ck_assignments_state",
+    ),
+)
+
+# The entry's attempts in each other group that reads its stream (migration 0017): work is
+# owned per group, and `assignments` holds the first group's.
+group_assignments = Table(
+    "group_assignments",
+    metadata,
+    Column("tenant", Text, primary_key=True),
+    Column("stream", Text, primary_key=True),
+    Column("group_name", Text, primary_key=True),
+    Column("entry_id", Text, primary_key=True),
+    Column("issue_id", Text),
+    Column("state", Text, nullable=False),
+    Column("consumer", Text),
+    Column("attempt", Integer, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("progress_at", DateTime(timezone=True)),
+    Column("outputs", JSONB),
+    Column("published_at", DateTime(timezone=True)),
+    Index("ix_group_assignments_entry", "tenant", "stream", "entry_id"),
+    Index(
+        "ix_group_assignments_unpublished",
+        "tenant",
+        "stream",
+        postgresql_where=text("outputs IS NOT NULL AND published_at IS NULL"),
+    ),
+    CheckConstraint(
+        "state IN ('pending', 'running', 'done', 'failed', 'dead', 'superseded')",
+        name="ck_group_assignments_state",
     ),
 )
 

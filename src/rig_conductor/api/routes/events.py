@@ -157,10 +157,36 @@ async def _dispatch(event: schemas.IssueAssignedEvent, rt: Runtime) -> JSONRespo
 
 
 async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
+    group = event.group
+    if group is None:  # an agent of the previous release: its group is told from its work
+        legacy = await reports.legacy_group(
+            rt,
+            kind=event.type,
+            stream=event.stream,
+            entry_id=event.entry_id,
+            consumer=event.consumer,
+            attempt=event.attempt,
+        )
+        rt.metrics.legacy_events.labels(event.type).inc()
+        if legacy.problem is not None:
+            return _unnamed_group(legacy.problem)
+        if legacy.refusal is not None:
+            outcome = work.WorkOutcome(False, 0, "not-held", legacy.refusal)
+            return _refused(event, legacy.refusal, outcome, rt)
+        group = legacy.group
     held = False
     if isinstance(event, schemas.WorkStartedEvent | schemas.WorkPublishedEvent):
-        not_held = await reports.not_held(
-            rt.redis, stream=event.stream, entry_id=event.entry_id, consumer=event.consumer
+        # One XPENDING on the group named, whatever the number of groups of the stream.
+        not_held = (
+            await reports.not_held(
+                rt.redis,
+                stream=event.stream,
+                group=group,
+                entry_id=event.entry_id,
+                consumer=event.consumer,
+            )
+            if group is not None
+            else f"consumer {event.consumer} does not hold entry {event.entry_id} in any group"
         )
         if not_held is not None and isinstance(event, schemas.WorkStartedEvent):
             outcome = work.WorkOutcome(False, 0, "not-held", not_held)
@@ -168,7 +194,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         # A publish comes from the accepted attempt's owner, or from whoever holds it now.
         held = not_held is None
     outcome = await work.record_work(
-        rt.engine, tenant=rt.settings.tenant, report=_report(event, held=held)
+        rt.engine, tenant=rt.settings.tenant, report=_report(event, group=group, held=held)
     )
     if outcome.refusal is not None:
         return _refused(event, outcome.refusal, outcome, rt)
@@ -247,7 +273,13 @@ async def _dead_letter(event: schemas.DeadLetterEvent, rt: Runtime) -> JSONRespo
     return JSONResponse(result.model_dump(by_alias=True), status_code=201)
 
 
-def _report(event: schemas.WorkEvent, *, held: bool) -> work.WorkReport:
+def _unnamed_group(problem: str) -> JSONResponse:
+    """422 naming `group`: the event names none, and its group cannot be told."""
+    errors = [{"field": "group", "message": problem, "type": "missing"}]
+    return JSONResponse({"detail": f"group: {problem}", "errors": errors}, status_code=422)
+
+
+def _report(event: schemas.WorkEvent, *, group: str | None, held: bool) -> work.WorkReport:
     outputs: tuple[StagedOutput, ...] = ()
     missing: tuple[str, ...] = ()
     if isinstance(event, schemas.WorkCompletedEvent):
@@ -266,6 +298,7 @@ def _report(event: schemas.WorkEvent, *, held: bool) -> work.WorkReport:
         outputs=outputs,
         missing=missing,
         held=held,
+        group=group,
     )
 
 
