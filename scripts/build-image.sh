@@ -60,7 +60,7 @@ buildah bud --isolation chroot --network host --pull-never --layers=false --form
     --volume "${PIP_CONF}:/etc/pip.conf:ro" \
     --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/rig-build-ca.crt:ro \
     --build-arg PYTHON_IMAGE="${BASE_IMAGE}" \
-    --build-arg VERSION="$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')" \
+    --build-arg VERSION="$(python3 scripts/version.py)" \
     --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
     --tag "${IMAGE}" .

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from rig_conductor import __version__
+
 from tests import needs
 from tests.chart import chartcheck
 from tests.chart.conftest import (
@@ -232,7 +234,7 @@ def test_the_audit_cron_job_runs_the_audit_hardened_into_its_volume(render: Rend
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "rig-conductor:0.1.0-audit"
+    assert container["image"] == f"rig-conductor:{__version__}-audit"
     assert container["args"] == [
         "audit", "--output", "/var/lib/rig-audit/latest",
         "--master", "spark://spark-master:7077", "--partitions", "8",
