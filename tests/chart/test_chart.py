@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from rig_conductor import __version__
-
 from tests import needs
 from tests.chart import chartcheck
 from tests.chart.conftest import (
