@@ -27,7 +27,7 @@ WORKDIR /build
 
 # pyproject.toml maps migrations/ into the wheel (rig_conductor._migrations),
 # so the builder needs it next to src/.
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY src/ src/
 COPY migrations/ migrations/
 

@@ -9,7 +9,7 @@ RUNS ?= 10
 WORKERS ?= 3
 XDIST = -n $(WORKERS)
 
-.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image release check-release lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -26,7 +26,8 @@ run: install
 
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
-	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart
+	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart \
+	  --ignore=tests/release
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -80,8 +81,18 @@ image:
 	scripts/build-image.sh
 
 ## The image built and run hardened against the real servers, with agents on the host.
+## RIG_IMAGE_ARCHIVE=dist/rig-conductor-V.oci.tar tests that archive instead of building one.
 test-image: install
 	$(BIN)/python -m pytest tests/image
+
+## Everything a release ships, into dist/: wheel and sdist, both images as OCI archives, the
+## chart, the npm tarball (once clients/typescript exists), SHA256SUMS (scripts/release.sh).
+release: install
+	PYTHON=$(BIN)/python scripts/release.sh
+
+## dist/ as made by `make release`: the checksums hold and every artefact carries the version.
+check-release: install
+	$(BIN)/python -m pytest tests/release
 
 ## constraints.txt: every version a fresh `.[dev]` install resolves to today (CI, image, release).
 lock:

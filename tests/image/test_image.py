@@ -26,6 +26,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import __version__
 from tests import needs
 from tests.e2e.fleet import Fleet, accepted_completions, dispatch, heard_from, pending
 from tests.image.hardening import HARDENED, IMAGE, READINESS_PATH
@@ -53,6 +54,14 @@ def podman(
 
 @pytest.fixture(scope="module")
 def image() -> str:
+    """The image under test: the release's OCI archive when RIG_IMAGE_ARCHIVE names one (CI
+    tests what `make release` built rather than building it twice), else a fresh build."""
+    archive = os.environ.get("RIG_IMAGE_ARCHIVE")
+    if archive:
+        assert Path(archive).is_file(), f"RIG_IMAGE_ARCHIVE={archive}: no such file"
+        loaded = podman("pull", "--quiet", f"oci-archive:{Path(archive).resolve()}", timeout=300)
+        podman("tag", loaded.stdout.strip().splitlines()[-1], IMAGE)
+        return IMAGE
     built = subprocess.run(
         [str(REPO / "scripts" / "build-image.sh"), IMAGE],
         capture_output=True,
@@ -120,7 +129,16 @@ def test_the_image_serves_hardened_and_stops_cleanly(
         assert api.post("/api/events", json=issue).status_code == 201
         scan = api.post("/api/reaper/scan", params={"dryRun": "true"})
         assert scan.status_code == 200 and scan.json()["dryRun"] is True
-        assert api.get("/metrics").status_code == 200
+        metrics = api.get("/metrics")
+        assert metrics.status_code == 200
+    # rig_build_info names the version and the commit the image's labels name.
+    labels = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Labels"]
+    build_info = (
+        f'rig_build_info{{revision="{labels["org.opencontainers.image.revision"]}",'
+        f'version="{labels["org.opencontainers.image.version"]}"}} 1.0'
+    )
+    assert build_info in metrics.text.splitlines(), metrics.text[:2000]
+    assert labels["org.opencontainers.image.version"] == __version__
     health = podman("healthcheck", "run", name, check=False)
     assert health.returncode == 0, health.stderr
     inspect = json.loads(podman("image", "inspect", IMAGE).stdout)[0]

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build a release into dist/ (make release; CI runs the same):
+#
+#   rig_conductor-V-py3-none-any.whl, rig_conductor-V.tar.gz   the wheel (built from the sdist)
+#   rig-conductor-V.oci.tar, rig-conductor-V-audit.oci.tar      the conductor and audit images
+#   rig-conductor-V.tgz                                         the Helm chart
+#   rig-conductor-agent-V.tgz (or the package's own name)       the TypeScript runtime, when
+#                                                               clients/typescript exists
+#   SHA256SUMS                                                  of every file above
+#
+# V is the one version (scripts/version.py), and every place that names it must agree before
+# anything is built. SOURCE_DATE_EPOCH is the last commit's time unless set: the wheel's and the
+# images' timestamps come from it, so rebuilding a commit gives the same wheel and image layers.
+# The images are built without a Docker daemon (scripts/build-image.sh) and left in the local
+# storage as localhost/rig-conductor:V and :V-audit as well. tests/release checks the result.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-.venv/bin/python}
+DIST=${DIST:-dist}
+VERSION=$(python3 scripts/version.py)
+if ! python3 scripts/version.py --check; then
+    echo "release: the places above disagree with the version in src/rig_conductor/__init__.py" >&2
+    exit 1
+fi
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
+echo "release ${VERSION} of $(git rev-parse --short HEAD 2>/dev/null || echo 'an unknown commit'), SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}"
+
+rm -rf "${DIST}"
+mkdir -p "${DIST}"
+
+# The sdist first, then the wheel built from it: a file the sdist leaves out fails here.
+"${PYTHON}" -m build --outdir "${DIST}" .
+
+scripts/build-image.sh "localhost/rig-conductor:${VERSION}" "${DIST}/rig-conductor-${VERSION}.oci.tar"
+DOCKERFILE=Dockerfile.audit scripts/build-image.sh "localhost/rig-conductor:${VERSION}-audit" \
+    "${DIST}/rig-conductor-${VERSION}-audit.oci.tar"
+
+bash scripts/fetch-tools.sh
+.cache/tools/bin/helm package charts/rig-conductor --destination "${DIST}"
+
+if [[ -f clients/typescript/package.json ]]; then
+    (cd clients/typescript && npm ci && npm run build && npm pack --pack-destination "../../${DIST}")
+else
+    echo "release: no clients/typescript/package.json: no npm tarball in this release"
+fi
+
+(cd "${DIST}" && find . -maxdepth 1 -type f ! -name SHA256SUMS -printf '%f\n' | LC_ALL=C sort \
+    | xargs sha256sum > SHA256SUMS)
+echo "release ${VERSION} in ${DIST}/:"
+cat "${DIST}/SHA256SUMS"
