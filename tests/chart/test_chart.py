@@ -134,9 +134,10 @@ def test_secrets_are_wired_from_an_existing_or_the_chart_secret(render: Render) 
     chartcheck.run(chartcheck.cmd_secrets, str(secret), "chart")
 
 
-def test_hadolint_finds_nothing_in_the_dockerfile(tools: Tools) -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.audit"])
+def test_hadolint_finds_nothing_in_the_dockerfile(tools: Tools, dockerfile: str) -> None:
     done = subprocess.run(
-        [str(tools.hadolint), "--no-color", "Dockerfile"],
+        [str(tools.hadolint), "--no-color", dockerfile],
         capture_output=True,
         text=True,
         check=False,
@@ -160,10 +161,11 @@ def test_checkov_finds_nothing_but_the_skips_the_chart_explains(
     )
     assert done.returncode == 0, done.stdout[-4000:]
     dockerfile = [str(tools.checkov), "--framework", "dockerfile", "--skip-download", "--quiet"]
-    done = subprocess.run(
-        [*dockerfile, "-f", "Dockerfile"], capture_output=True, text=True, check=False, cwd=REPO
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
+    for name in ("Dockerfile", "Dockerfile.audit"):
+        done = subprocess.run(
+            [*dockerfile, "-f", name], capture_output=True, text=True, check=False, cwd=REPO
+        )
+        assert done.returncode == 0, name + ": " + done.stdout[-4000:]
     for doc in yaml.safe_load_all(files[0].read_text()):
         for key, value in ((doc or {}).get("metadata", {}).get("annotations") or {}).items():
             if key.startswith("checkov.io/skip"):
