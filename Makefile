@@ -9,7 +9,7 @@ RUNS ?= 10
 WORKERS ?= 3
 XDIST = -n $(WORKERS)
 
-.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image release check-release lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image test-upgrade release check-release lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -27,7 +27,7 @@ run: install
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
 	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart \
-	  --ignore=tests/release
+	  --ignore=tests/release --ignore=tests/upgrade
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -84,6 +84,11 @@ image:
 ## RIG_IMAGE_ARCHIVE=dist/rig-conductor-V.oci.tar tests that archive instead of building one.
 test-image: install
 	$(BIN)/python -m pytest tests/image
+
+## A rolling upgrade from the previous release (RIG_UPGRADE_FROM, default 0.1.0's commit), installed
+## from this repository's history into .cache/upgrade/, to this tree: real serve and agent processes.
+test-upgrade: install
+	$(BIN)/python -m pytest tests/upgrade
 
 ## Everything a release ships, into dist/: wheel and sdist, both images as OCI archives, the
 ## chart, the npm tarball (once clients/typescript exists), SHA256SUMS (scripts/release.sh).
