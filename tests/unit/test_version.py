@@ -1,7 +1,7 @@
 """One version, from one place: `rig_conductor.__version__`. The wheel's metadata, the CLI, the
 chart, the images' labels, the npm package and the `rig_build_info` gauge all say it
 (scripts/version.py lists the places; a release's artefacts are checked by
-tests/release/check_release.py)."""
+tests/release/test_release.py)."""
 
 from __future__ import annotations
 

@@ -189,7 +189,7 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
                 processes.append(start_agent(previous, agent_id, logs, proxy.url, agent_env))
             async with httpx.AsyncClient(base_url=proxy.url) as api:
                 await wait_for(lambda: heard_from(api, "builder-b-pod-0"), within=60)
-            dispatcher = asyncio.create_task(dispatching(proxy, issues, dispatched))
+            dispatcher = asyncio.create_task(dispatching(proxy, issues[:80], dispatched))
             await wait_for(lambda: len(effects(out)) >= 10 or dispatcher.done(), within=60)
 
             # N's migrate while N-1 serves and its agents work; then N beside N-1.
@@ -205,6 +205,8 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
             proxy.backends = [new_url]
             assert await asyncio.to_thread(old.stop) == 0, old.output()[-3000:]
             await dispatcher
+            # The rest through N alone, to the agents of both releases.
+            await dispatching(proxy, issues[80:], dispatched)
 
             async def settled() -> bool:
                 done = await accepted_completions(upgrade_engine)
@@ -225,6 +227,9 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
     assert not done_twice, done_twice
     assert all(len(completions[entry]) == 1 for entry in dispatched.values()), completions
     assert set(effects(out)) == set(issues)
+    # The agents of both releases did the work.
+    consumers = {c.consumer for done in completions.values() for c in done}
+    assert consumers == {f"{agent}-pod-0" for agent in AGENTS}, consumers
     for process in processes:
         assert "Traceback" not in process.output(), report
     # One reaper at a time: the lease spans of N-1 and N do not overlap.
