@@ -81,7 +81,8 @@ image:
 	scripts/build-image.sh
 
 ## The image built and run hardened against the real servers, with agents on the host.
-## RIG_IMAGE_ARCHIVE=dist/rig-conductor-V.oci.tar tests that archive instead of building one.
+## RIG_TEST_IMAGE=localhost/rig-conductor:V tests the image `make release` built instead of building
+## one; RIG_RELEASE_DIR=dist adds the release's OCI archives of both images.
 test-image: install
 	$(BIN)/python -m pytest tests/image
 

@@ -4,7 +4,8 @@
 #
 #   scripts/build-image.sh [IMAGE [ARCHIVE]]   (default localhost/rig-conductor:dev)
 #
-# DOCKERFILE=Dockerfile.audit builds the audit image instead. With ARCHIVE, the image is also
+# DOCKERFILE=Dockerfile.audit builds the audit image instead. REVISION (default: git's HEAD) is
+# the commit the image's labels and rig_build_info name. With ARCHIVE, the image is also
 # written there as an OCI archive (what `make release` ships). With SOURCE_DATE_EPOCH set (make
 # release sets the last commit's time), the image's created date, its history and the
 # timestamps of the files in its layers are that time, so a rebuild of a commit matches.
@@ -75,7 +76,7 @@ buildah bud --isolation chroot --network host --pull-never --layers=false --form
     --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/rig-build-ca.crt:ro \
     --build-arg PYTHON_IMAGE="${BASE_IMAGE}" \
     --build-arg VERSION="$(python3 scripts/version.py)" \
-    --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+    --build-arg REVISION="${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
     --build-arg CREATED="${created}" \
     "${reproducible[@]}" \
     --file "${DOCKERFILE}" --tag "${IMAGE}" .

@@ -23,8 +23,11 @@ if ! python3 scripts/version.py --check; then
     echo "release: the places above disagree with the version in src/rig_conductor/__init__.py" >&2
     exit 1
 fi
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || date +%s)}
-echo "release ${VERSION} of $(git rev-parse --short HEAD 2>/dev/null || echo 'an unknown commit'), SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}"
+# One commit and one time for every artefact, read once: a commit made while the release builds
+# changes neither.
+export REVISION=${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct "${REVISION}" 2>/dev/null || date +%s)}
+echo "release ${VERSION} of ${REVISION}, SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}"
 
 rm -rf "${DIST}"
 mkdir -p "${DIST}"
