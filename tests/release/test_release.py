@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import subprocess
+import sys
 import tarfile
 import zipfile
 from datetime import UTC, datetime
@@ -132,14 +134,43 @@ def test_the_images_carry_the_version_and_the_commit(sums: dict[str, str], suffi
     # What rig_build_info reports inside the image.
     assert f"RIG_BUILD_REVISION={revision}" in config["config"]["Env"]
     # Stamped with the commit's time (SOURCE_DATE_EPOCH), not the build's.
-    committed = subprocess.run(
+    committed = commit_time(revision)
+    if committed is not None:
+        when = datetime.fromtimestamp(int(committed), UTC)
+        assert labels["org.opencontainers.image.created"] == when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert config["created"].startswith(when.strftime("%Y-%m-%dT%H:%M:%S"))
+
+
+def commit_time(revision: str) -> str | None:
+    done = subprocess.run(
         ["git", "log", "-1", "--format=%ct", revision],
         capture_output=True, text=True, check=False, cwd=REPO,
     )  # fmt: skip
-    if committed.returncode == 0:
-        when = datetime.fromtimestamp(int(committed.stdout), UTC)
-        assert labels["org.opencontainers.image.created"] == when.strftime("%Y-%m-%dT%H:%M:%SZ")
-        assert config["created"].startswith(when.strftime("%Y-%m-%dT%H:%M:%S"))
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def test_the_wheel_rebuilds_byte_for_byte_from_the_sdist(
+    sums: dict[str, str], tmp_path: Path
+) -> None:
+    """Reproducible: the sdist, built again into a wheel with the release's SOURCE_DATE_EPOCH
+    (the time of the commit the images name), gives the same wheel."""
+    _, config = image_config(DIST / f"rig-conductor-{VERSION}.oci.tar")
+    epoch = commit_time(config["config"]["Labels"]["org.opencontainers.image.revision"])
+    if epoch is None:
+        pytest.skip("the release's commit is not in this clone: its time is unknown")
+    with tarfile.open(DIST / f"rig_conductor-{VERSION}.tar.gz") as sdist:
+        sdist.extractall(tmp_path, filter="data")
+    rebuilt = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "wheel"),
+         str(tmp_path / f"rig_conductor-{VERSION}")],
+        capture_output=True, text=True, check=False, env={**os.environ, "SOURCE_DATE_EPOCH": epoch},
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    with (tmp_path / "wheel" / f"rig_conductor-{VERSION}-py3-none-any.whl").open("rb") as f:
+        assert (
+            hashlib.file_digest(f, "sha256").hexdigest()
+            == sums[f"rig_conductor-{VERSION}-py3-none-any.whl"]
+        )
 
 
 def test_the_npm_package_carries_the_version(sums: dict[str, str]) -> None:
