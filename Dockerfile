@@ -23,6 +23,7 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
+ARG SOURCE_DATE_EPOCH
 WORKDIR /build
 
 # pyproject.toml maps migrations/ into the wheel (rig_conductor._migrations),
@@ -42,6 +43,9 @@ RUN (python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade) \
 FROM ${PYTHON_IMAGE} AS runtime
 
 ARG PYTHON_IMAGE
+# Set by scripts/build-image.sh for a release: pip's bytecode then records the sources' hashes,
+# not the times they were unpacked at, and useradd the date, so a rebuild matches.
+ARG SOURCE_DATE_EPOCH
 ARG VERSION=0.2.0
 ARG REVISION=unknown
 ARG CREATED=unknown

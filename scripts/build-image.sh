@@ -65,7 +65,7 @@ printf '[global]\ncert = /etc/ssl/certs/rig-build-ca.crt\n' > "${PIP_CONF}"
 reproducible=()
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 if [[ -n "${SOURCE_DATE_EPOCH:-}" ]]; then
-    reproducible=(--timestamp "${SOURCE_DATE_EPOCH}")
+    reproducible=(--timestamp "${SOURCE_DATE_EPOCH}" --build-arg SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH}")
     created=$(date -u -d "@${SOURCE_DATE_EPOCH}" +%Y-%m-%dT%H:%M:%SZ)
 fi
 
@@ -87,5 +87,15 @@ if [[ -n "${ARCHIVE}" ]]; then
     # The reference inside the archive is the tag alone: `skopeo copy oci-archive:FILE
     # docker://REGISTRY/NAME:TAG` names it where it lands.
     buildah push --quiet "${IMAGE}" "oci-archive:${ARCHIVE}:${IMAGE##*:}"
+    if [[ -n "${SOURCE_DATE_EPOCH:-}" ]]; then
+        # The image's digest is already the same on a rebuild; the archive's own tar headers
+        # (times, order, owners) are made so too.
+        layout=$(mktemp -d)
+        tar -xf "${ARCHIVE}" -C "${layout}"
+        # shellcheck disable=SC2046
+        tar --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
+            --format=gnu -cf "${ARCHIVE}" -C "${layout}" $(ls -A "${layout}")
+        rm -rf "${layout}"
+    fi
     echo "wrote ${ARCHIVE}"
 fi

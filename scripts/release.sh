@@ -9,8 +9,10 @@
 #   SHA256SUMS                                                  of every file above
 #
 # V is the one version (scripts/version.py), and every place that names it must agree before
-# anything is built. SOURCE_DATE_EPOCH is the last commit's time unless set: the wheel's and the
-# images' timestamps come from it, so rebuilding a commit gives the same wheel and image layers.
+# anything is built. SOURCE_DATE_EPOCH is the last commit's time unless set: every timestamp in
+# the wheel, the sdist, the images and the chart comes from it, so rebuilding a commit gives the
+# same files, byte for byte, as long as the base image and the package indexes have not moved
+# (the audit image installs Debian's current Java).
 # The images are built without a Docker daemon (scripts/build-image.sh) and left in the local
 # storage as localhost/rig-conductor:V and :V-audit as well. tests/release checks the result.
 set -euo pipefail
@@ -32,8 +34,21 @@ echo "release ${VERSION} of ${REVISION}, SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH}"
 rm -rf "${DIST}"
 mkdir -p "${DIST}"
 
+# A .tar.gz made again from its own content with the commit's time on every file, in a fixed
+# order, owned by root and without the gzip header's time: the same bytes on a rebuild.
+restamp_tgz() {
+    local archive=$1 top=$2 tree
+    tree=$(mktemp -d)
+    tar -xzf "${archive}" -C "${tree}"
+    tar --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
+        --format=pax --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+        -cf - -C "${tree}" "${top}" | gzip -9n > "${archive}"
+    rm -rf "${tree}"
+}
+
 # The sdist first, then the wheel built from it: a file the sdist leaves out fails here.
 "${PYTHON}" -m build --outdir "${DIST}" .
+restamp_tgz "${DIST}/rig_conductor-${VERSION}.tar.gz" "rig_conductor-${VERSION}"
 
 scripts/build-image.sh "localhost/rig-conductor:${VERSION}" "${DIST}/rig-conductor-${VERSION}.oci.tar"
 DOCKERFILE=Dockerfile.audit scripts/build-image.sh "localhost/rig-conductor:${VERSION}-audit" \
@@ -41,6 +56,8 @@ DOCKERFILE=Dockerfile.audit scripts/build-image.sh "localhost/rig-conductor:${VE
 
 bash scripts/fetch-tools.sh
 .cache/tools/bin/helm package charts/rig-conductor --destination "${DIST}"
+# helm stamps the files with the time of packaging.
+restamp_tgz "${DIST}/rig-conductor-${VERSION}.tgz" rig-conductor
 
 if [[ -f clients/typescript/package.json ]]; then
     (cd clients/typescript && npm ci && npm run build && npm pack --pack-destination "../../${DIST}")

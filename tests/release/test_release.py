@@ -173,6 +173,32 @@ def test_the_wheel_rebuilds_byte_for_byte_from_the_sdist(
         )
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        f"rig_conductor-{VERSION}.tar.gz",
+        f"rig-conductor-{VERSION}.tgz",
+        f"rig-conductor-{VERSION}.oci.tar",
+        f"rig-conductor-{VERSION}-audit.oci.tar",
+    ],
+)
+def test_every_archive_is_stamped_with_the_commits_time(sums: dict[str, str], name: str) -> None:
+    """What makes the archives the same bytes on a rebuild: every member carries the release's
+    SOURCE_DATE_EPOCH and root's ownership (tar writes them in name order, and gzip leaves out
+    its own time)."""
+    _, config = image_config(DIST / f"rig-conductor-{VERSION}.oci.tar")
+    epoch = commit_time(config["config"]["Labels"]["org.opencontainers.image.revision"])
+    if epoch is None:
+        pytest.skip("the release's commit is not in this clone: its time is unknown")
+    with tarfile.open(DIST / name) as archive:
+        members = archive.getmembers()
+    assert {m.mtime for m in members} == {int(epoch)}
+    assert {(m.uid, m.gid) for m in members} == {(0, 0)}
+    if name.endswith("gz"):
+        header = (DIST / name).read_bytes()[:10]
+        assert header[4:8] == b"\0\0\0\0", "the gzip header carries a time"
+
+
 def test_the_npm_package_carries_the_version(sums: dict[str, str]) -> None:
     chart = f"rig-conductor-{VERSION}.tgz"
     tarballs = [name for name in sums if name.endswith(".tgz") and name != chart]
