@@ -213,6 +213,8 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
                 return set(dispatched.values()) <= set(done) and not await pending(redis)
 
             await wait_for(settled, within=90)
+            # N took the reaper's lease over once N-1 let it go.
+            await wait_for(lambda: any(t == "up" for _, t in leadership(new.output())), within=60)
             completions = await accepted_completions(upgrade_engine)
             failures = proxy.failures()
     finally:
