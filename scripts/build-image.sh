@@ -91,7 +91,7 @@ if [[ -n "${ARCHIVE}" ]]; then
         # The image's digest is already the same on a rebuild; the archive's own tar headers
         # (times, order, owners) are made so too.
         layout=$(mktemp -d)
-        tar -xf "${ARCHIVE}" -C "${layout}"
+        tar -xmf "${ARCHIVE}" -C "${layout}"
         # shellcheck disable=SC2046
         tar --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
             --format=gnu -cf "${ARCHIVE}" -C "${layout}" $(ls -A "${layout}")

@@ -12,7 +12,7 @@
 # anything is built. SOURCE_DATE_EPOCH is the last commit's time unless set: every timestamp in
 # the wheel, the sdist, the images and the chart comes from it, so rebuilding a commit gives the
 # same files, byte for byte, as long as the base image and the package indexes have not moved
-# (the audit image installs Debian's current Java).
+# (the audit image installs Debian's current Java, whose CA keystore carries the build's time).
 # The images are built without a Docker daemon (scripts/build-image.sh) and left in the local
 # storage as localhost/rig-conductor:V and :V-audit as well. tests/release checks the result.
 set -euo pipefail
@@ -39,7 +39,7 @@ mkdir -p "${DIST}"
 restamp_tgz() {
     local archive=$1 top=$2 tree
     tree=$(mktemp -d)
-    tar -xzf "${archive}" -C "${tree}"
+    tar -xzmf "${archive}" -C "${tree}"
     tar --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
         --format=pax --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
         -cf - -C "${tree}" "${top}" | gzip -9n > "${archive}"
@@ -60,7 +60,8 @@ bash scripts/fetch-tools.sh
 restamp_tgz "${DIST}/rig-conductor-${VERSION}.tgz" rig-conductor
 
 if [[ -f clients/typescript/package.json ]]; then
-    (cd clients/typescript && npm ci && npm run build && npm pack --pack-destination "../../${DIST}")
+    dist_dir=$(cd "${DIST}" && pwd)
+    (cd clients/typescript && npm ci && npm run build && npm pack --pack-destination "${dist_dir}")
 else
     echo "release: no clients/typescript/package.json: no npm tarball in this release"
 fi
