@@ -1,7 +1,7 @@
 # rig-conductor container image.
 #
-#   docker build -t rig-conductor:0.1.0 \
-#     --build-arg VERSION=0.1.0 \
+#   docker build -t rig-conductor:0.2.0 \
+#     --build-arg VERSION="$(python3 scripts/version.py)" \
 #     --build-arg REVISION="$(git rev-parse HEAD)" \
 #     --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" .
 #
@@ -23,11 +23,12 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
+ARG SOURCE_DATE_EPOCH
 WORKDIR /build
 
 # pyproject.toml maps migrations/ into the wheel (rig_conductor._migrations),
 # so the builder needs it next to src/.
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY src/ src/
 COPY migrations/ migrations/
 
@@ -42,7 +43,10 @@ RUN (python -m pip --version >/dev/null 2>&1 || python -m ensurepip --upgrade) \
 FROM ${PYTHON_IMAGE} AS runtime
 
 ARG PYTHON_IMAGE
-ARG VERSION=0.1.0
+# Set by scripts/build-image.sh for a release: pip's bytecode then records the sources' hashes,
+# not the times they were unpacked at, and useradd the date, so a rebuild matches.
+ARG SOURCE_DATE_EPOCH
+ARG VERSION=0.2.0
 ARG REVISION=unknown
 ARG CREATED=unknown
 ARG SOURCE=""
@@ -55,12 +59,14 @@ LABEL org.opencontainers.image.title="rig-conductor" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 
+# RIG_BUILD_REVISION: the commit rig_build_info names (rig_conductor/build.py).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     HOME=/tmp \
-    RIG_HTTP_PORT=8080
+    RIG_HTTP_PORT=8080 \
+    RIG_BUILD_REVISION=${REVISION}
 
 # The wheels, and the pip that installs them (run from its wheel), are bind-mounted from the
 # builder stage, so they never become a layer of this image. pip compiles the installed modules

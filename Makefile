@@ -9,7 +9,7 @@ RUNS ?= 10
 WORKERS ?= 3
 XDIST = -n $(WORKERS)
 
-.PHONY: ts docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image lint typecheck bench chaos chaos-quick chart lock clean
+.PHONY: ts docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image test-upgrade release check-release lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -26,7 +26,8 @@ run: install
 
 ## Unit and integration tests (embedded servers unless RIG_TEST_REDIS_URL / RIG_TEST_DATABASE_URL).
 test: install
-	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart
+	$(BIN)/python -m pytest $(XDIST) --ignore=tests/install --ignore=tests/image --ignore=tests/chart \
+	  --ignore=tests/release --ignore=tests/upgrade
 
 ## The wheel installed without extras into a fresh venv, then its commands (slow: downloads).
 test-install: install
@@ -88,8 +89,24 @@ image:
 	scripts/build-image.sh
 
 ## The image built and run hardened against the real servers, with agents on the host.
+## RIG_TEST_IMAGE=localhost/rig-conductor:V tests the image `make release` built instead of building
+## one; RIG_RELEASE_DIR=dist adds the release's OCI archives of both images.
 test-image: install
 	$(BIN)/python -m pytest tests/image
+
+## A rolling upgrade from the previous release (RIG_UPGRADE_FROM, default 0.1.0's commit), installed
+## from this repository's history into .cache/upgrade/, to this tree: real serve and agent processes.
+test-upgrade: install
+	$(BIN)/python -m pytest tests/upgrade
+
+## Everything a release ships, into dist/: wheel and sdist, both images as OCI archives, the
+## chart, the npm tarball (once clients/typescript exists), SHA256SUMS (scripts/release.sh).
+release: install
+	PYTHON=$(BIN)/python scripts/release.sh
+
+## dist/ as made by `make release`: the checksums hold and every artefact carries the version.
+check-release: install
+	$(BIN)/python -m pytest tests/release
 
 ## constraints.txt: every version a fresh `.[dev]` install resolves to today (CI, image, release).
 lock:

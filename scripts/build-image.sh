@@ -2,7 +2,13 @@
 # Build the rig-conductor image from the Dockerfile without a Docker daemon or a registry:
 # a Debian bookworm base made with mmdebstrap (cached), then buildah with chroot isolation.
 #
-#   scripts/build-image.sh [IMAGE]        (default localhost/rig-conductor:dev)
+#   scripts/build-image.sh [IMAGE [ARCHIVE]]   (default localhost/rig-conductor:dev)
+#
+# DOCKERFILE=Dockerfile.audit builds the audit image instead. REVISION (default: git's HEAD) is
+# the commit the image's labels and rig_build_info name. With ARCHIVE, the image is also
+# written there as an OCI archive (what `make release` ships). With SOURCE_DATE_EPOCH set (make
+# release sets the last commit's time), the image's created date, its history and the
+# timestamps of the files in its layers are that time, so a rebuild of a commit matches.
 #
 # With Docker instead: docker build -t rig-conductor .  (the Dockerfile's default base).
 # Needs Debian's buildah, podman, mmdebstrap and runc (.ci/run installs them), and root.
@@ -10,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${1:-localhost/rig-conductor:dev}
+ARCHIVE=${2:-}
+DOCKERFILE=${DOCKERFILE:-Dockerfile}
 CACHE=${RIG_IMAGE_CACHE:-/var/cache/rig-conductor}
 BASE_TAR="${CACHE}/base-bookworm-python3-nopip.tar"
 BASE_IMAGE=localhost/rig-python-base:bookworm-nopip
@@ -54,15 +62,40 @@ PIP_CONF=$(mktemp)
 trap 'rm -f "${PIP_CONF}"' EXIT
 printf '[global]\ncert = /etc/ssl/certs/rig-build-ca.crt\n' > "${PIP_CONF}"
 
+reproducible=()
+created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+if [[ -n "${SOURCE_DATE_EPOCH:-}" ]]; then
+    reproducible=(--timestamp "${SOURCE_DATE_EPOCH}" --build-arg SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH}")
+    created=$(date -u -d "@${SOURCE_DATE_EPOCH}" +%Y-%m-%dT%H:%M:%SZ)
+fi
+
 # No layer cache: with layers, RUN --mount=type=bind,from=builder fails on a cached stage
 # (buildah#4375).
 buildah bud --isolation chroot --network host --pull-never --layers=false --format docker \
     --volume "${PIP_CONF}:/etc/pip.conf:ro" \
     --volume /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/rig-build-ca.crt:ro \
     --build-arg PYTHON_IMAGE="${BASE_IMAGE}" \
-    --build-arg VERSION="$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')" \
-    --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-    --build-arg CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    --tag "${IMAGE}" .
+    --build-arg VERSION="$(python3 scripts/version.py)" \
+    --build-arg REVISION="${REVISION:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}" \
+    --build-arg CREATED="${created}" \
+    "${reproducible[@]}" \
+    --file "${DOCKERFILE}" --tag "${IMAGE}" .
 podman image inspect --format '{{.Size}}' "${IMAGE}" \
     | awk -v image="${IMAGE}" '{ printf "built %s: %.0f MB\n", image, $1 / 1e6 }'
+if [[ -n "${ARCHIVE}" ]]; then
+    rm -f "${ARCHIVE}"
+    # The reference inside the archive is the tag alone: `skopeo copy oci-archive:FILE
+    # docker://REGISTRY/NAME:TAG` names it where it lands.
+    buildah push --quiet "${IMAGE}" "oci-archive:${ARCHIVE}:${IMAGE##*:}"
+    if [[ -n "${SOURCE_DATE_EPOCH:-}" ]]; then
+        # The image's digest is already the same on a rebuild; the archive's own tar headers
+        # (times, order, owners) are made so too.
+        layout=$(mktemp -d)
+        tar -xmf "${ARCHIVE}" -C "${layout}"
+        # shellcheck disable=SC2046
+        tar --sort=name --mtime="@${SOURCE_DATE_EPOCH}" --owner=0 --group=0 --numeric-owner \
+            --format=gnu -cf "${ARCHIVE}" -C "${layout}" $(ls -A "${layout}")
+        rm -rf "${layout}"
+    fi
+    echo "wrote ${ARCHIVE}"
+fi

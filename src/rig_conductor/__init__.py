@@ -1,3 +1,3 @@
 """rig-conductor: reclaims Redis Streams work stuck in the pending lists of dead consumers."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

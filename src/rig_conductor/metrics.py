@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence, Set
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from rig_conductor import build
 from rig_conductor.domain import UNKNOWN_AGENT
 
 __all__ = ["UNKNOWN_AGENT", "Metrics"]
@@ -26,6 +27,13 @@ class Metrics:
         self._reaper_families(self.registry)
         self._fleet_families(self.registry)
         self._audit_families(self.registry)
+        self.build_info = Gauge(
+            "rig_build_info",
+            "1, labelled with the running build's version and the git commit it was built from",
+            ["version", "revision"],
+            registry=self.registry,
+        )
+        self.build_info.labels(build.__version__, build.revision()).set(1)
         for outcome in ("ok", "error"):
             self.scans.labels(outcome)
         self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}

@@ -41,6 +41,7 @@ CONFIG_ENV = [
     "RIG_RECLAIM_DEGRADED",
     "RIG_DEGRADED_GRACE_MS",
     "RIG_MAX_CONSUMERS_PER_AGENT",
+    "RIG_AGENT_FORGET_MS",
     "RIG_REDIS_MODE",
     "RIG_REDIS_SENTINELS",
     "RIG_REDIS_SENTINEL_MASTER",
@@ -52,6 +53,7 @@ SECRET_ENV = [
     "RIG_API_TOKENS",
     "RIG_OPERATOR_TOKENS",
     "RIG_VIEWER_TOKENS",
+    "RIG_AGENT_TOKENS",
     "RIG_REDIS_SENTINEL_PASSWORD",
     "RIG_SESSION_SECRET",
 ]
@@ -169,6 +171,7 @@ def cmd_secrets(rendered, mode):
             "RIG_API_TOKENS": "api-tokens",
             "RIG_OPERATOR_TOKENS": "operator-tokens",
             "RIG_VIEWER_TOKENS": "viewer-tokens",
+            "RIG_AGENT_TOKENS": "agent-tokens",
             "RIG_REDIS_SENTINEL_PASSWORD": "redis-sentinel-password",
             "RIG_SESSION_SECRET": "session-secret",
         }

@@ -28,6 +28,7 @@ CONTRACT = {
     "rig_stream_consumers_without_heartbeat": ("gauge", {"stream", "group"}),
     "rig_heartbeats_received_total": ("counter", set()),
     "rig_dispatched_entries_total": ("counter", {"stream"}),
+    "rig_build_info": ("gauge", {"version", "revision"}),
     # Beyond the contract: the last audit's verdict (rig-conductor audit records it).
     "rig_audit_lost_entries": ("gauge", set()),
     "rig_audit_duplicate_issues": ("gauge", set()),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from rig_conductor import __version__
 from tests import needs
 from tests.chart import chartcheck
 from tests.chart.conftest import (
@@ -90,8 +91,8 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_ENTRY_STALE_MS": "1234", "RIG_AGENT_DOWN_MS": "86400000",
                 "RIG_SCAN_INTERVAL_S": "2.5", "RIG_STARTUP_DELAY_S": "0", "RIG_MAX_DELIVERIES": "7",
                 "RIG_ENTRY_DEADLINE_MS": "0", "RIG_RECLAIM_DEGRADED": "false",
-                "RIG_DEGRADED_GRACE_MS": "4321", "RIG_REDIS_MODE": "sentinel",
-                "RIG_MAX_CONSUMERS_PER_AGENT": "77",
+                "RIG_DEGRADED_GRACE_MS": "4321", "RIG_AGENT_FORGET_MS": "172800000",
+                "RIG_REDIS_MODE": "sentinel", "RIG_MAX_CONSUMERS_PER_AGENT": "77",
                 "RIG_REDIS_SENTINELS": "s-0:26379,s-1:26379",
                 "RIG_REDIS_SENTINEL_MASTER": "rig-master", "RIG_REDIS_WAIT_REPLICAS": "1",
                 "RIG_DRY_RUN": "true", "RIG_K8S_ENABLED": "false", "RIG_K8S_NAMESPACE": "agents-ns",
@@ -111,6 +112,7 @@ def test_values_reach_their_rig_variables(render: Render) -> None:
                 "RIG_AGENT_DOWN_MS": "600000", "RIG_ENTRY_DEADLINE_MS": "3600000",
                 "RIG_RECLAIM_DEGRADED": "true", "RIG_DEGRADED_GRACE_MS": "300000",
                 "RIG_MAX_CONSUMERS_PER_AGENT": "1000",
+                "RIG_AGENT_FORGET_MS": "604800000",
                 "RIG_REDIS_MODE": "standalone", "RIG_REDIS_SENTINELS": "",
                 "RIG_REDIS_SENTINEL_MASTER": "mymaster", "RIG_REDIS_WAIT_REPLICAS": "0",
                 "RIG_K8S_NAMESPACE": NAMESPACE, "RIG_EVENT_RETENTION_DAYS": "30",
@@ -133,9 +135,10 @@ def test_secrets_are_wired_from_an_existing_or_the_chart_secret(render: Render) 
     chartcheck.run(chartcheck.cmd_secrets, str(secret), "chart")
 
 
-def test_hadolint_finds_nothing_in_the_dockerfile(tools: Tools) -> None:
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "Dockerfile.audit"])
+def test_hadolint_finds_nothing_in_the_dockerfile(tools: Tools, dockerfile: str) -> None:
     done = subprocess.run(
-        [str(tools.hadolint), "--no-color", "Dockerfile"],
+        [str(tools.hadolint), "--no-color", dockerfile],
         capture_output=True,
         text=True,
         check=False,
@@ -159,10 +162,11 @@ def test_checkov_finds_nothing_but_the_skips_the_chart_explains(
     )
     assert done.returncode == 0, done.stdout[-4000:]
     dockerfile = [str(tools.checkov), "--framework", "dockerfile", "--skip-download", "--quiet"]
-    done = subprocess.run(
-        [*dockerfile, "-f", "Dockerfile"], capture_output=True, text=True, check=False, cwd=REPO
-    )
-    assert done.returncode == 0, done.stdout[-4000:]
+    for name in ("Dockerfile", "Dockerfile.audit"):
+        done = subprocess.run(
+            [*dockerfile, "-f", name], capture_output=True, text=True, check=False, cwd=REPO
+        )
+        assert done.returncode == 0, name + ": " + done.stdout[-4000:]
     for doc in yaml.safe_load_all(files[0].read_text()):
         for key, value in ((doc or {}).get("metadata", {}).get("annotations") or {}).items():
             if key.startswith("checkov.io/skip"):
@@ -234,7 +238,7 @@ def test_the_audit_cron_job_runs_the_audit_hardened_into_its_volume(render: Rend
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert container["image"] == "rig-conductor:0.1.0-audit"
+    assert container["image"] == f"rig-conductor:{__version__}-audit"
     assert container["args"] == [
         "audit", "--output", "/var/lib/rig-audit/latest",
         "--master", "spark://spark-master:7077", "--partitions", "8",

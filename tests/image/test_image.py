@@ -26,6 +26,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import __version__
 from tests import needs
 from tests.e2e.fleet import Fleet, accepted_completions, dispatch, heard_from, pending
 from tests.image.hardening import HARDENED, IMAGE, READINESS_PATH
@@ -53,6 +54,13 @@ def podman(
 
 @pytest.fixture(scope="module")
 def image() -> str:
+    """The image under test: RIG_TEST_IMAGE when it names one already built (CI: the one `make
+    release` built and archived, not built a second time), else a fresh build. Not the OCI
+    archive itself: an OCI image has no HEALTHCHECK, which this test runs."""
+    built_already = os.environ.get("RIG_TEST_IMAGE")
+    if built_already:
+        podman("tag", built_already, IMAGE)
+        return IMAGE
     built = subprocess.run(
         [str(REPO / "scripts" / "build-image.sh"), IMAGE],
         capture_output=True,
@@ -120,7 +128,16 @@ def test_the_image_serves_hardened_and_stops_cleanly(
         assert api.post("/api/events", json=issue).status_code == 201
         scan = api.post("/api/reaper/scan", params={"dryRun": "true"})
         assert scan.status_code == 200 and scan.json()["dryRun"] is True
-        assert api.get("/metrics").status_code == 200
+        metrics = api.get("/metrics")
+        assert metrics.status_code == 200
+    # rig_build_info names the version and the commit the image's labels name.
+    labels = json.loads(podman("image", "inspect", IMAGE).stdout)[0]["Labels"]
+    build_info = (
+        f'rig_build_info{{revision="{labels["org.opencontainers.image.revision"]}",'
+        f'version="{labels["org.opencontainers.image.version"]}"}} 1.0'
+    )
+    assert build_info in metrics.text.splitlines(), metrics.text[:2000]
+    assert labels["org.opencontainers.image.version"] == __version__
     health = podman("healthcheck", "run", name, check=False)
     assert health.returncode == 0, health.stderr
     inspect = json.loads(podman("image", "inspect", IMAGE).stdout)[0]

@@ -17,6 +17,8 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import __version__
+from rig_conductor import build as build_module
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
@@ -36,6 +38,7 @@ FAMILIES = {
     "rig_stream_consumers_without_heartbeat": "gauge",
     "rig_heartbeats_received": "counter",
     "rig_dispatched_entries": "counter",
+    "rig_build_info": "gauge",
 }
 
 
@@ -76,6 +79,12 @@ async def test_every_family_is_exposed_from_start_up(client: httpx.AsyncClient) 
     assert {name: declared.get(name) for name in FAMILIES} == FAMILIES
     for name in FAMILIES:
         assert f"# HELP {name}" in answer.text or f"# HELP {name}_total" in answer.text
+    build = {
+        labels: value
+        for (name, labels), value in samples(answer.text).items()
+        if name == "rig_build_info"
+    }
+    assert build == {(("revision", build_module.revision()), ("version", __version__)): 1.0}
 
 
 async def test_scans_move_the_numbers(

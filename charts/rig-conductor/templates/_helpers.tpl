@@ -133,12 +133,12 @@ the values that are set, plus the tokens it generates.
 {{- define "rig-conductor.secretEnvItems" -}}
 {{- $items := list }}
 {{- $s := .Values.secrets }}
-{{- $names := dict "databaseUrl" "RIG_DATABASE_URL" "redisUrl" "RIG_REDIS_URL" "apiTokens" "RIG_API_TOKENS" "operatorTokens" "RIG_OPERATOR_TOKENS" "viewerTokens" "RIG_VIEWER_TOKENS" "redisSentinelPassword" "RIG_REDIS_SENTINEL_PASSWORD" "sessionSecret" "RIG_SESSION_SECRET" }}
-{{- $order := list "databaseUrl" "redisUrl" "apiTokens" "operatorTokens" "viewerTokens" "redisSentinelPassword" "sessionSecret" }}
+{{- $names := dict "databaseUrl" "RIG_DATABASE_URL" "redisUrl" "RIG_REDIS_URL" "apiTokens" "RIG_API_TOKENS" "operatorTokens" "RIG_OPERATOR_TOKENS" "viewerTokens" "RIG_VIEWER_TOKENS" "agentTokens" "RIG_AGENT_TOKENS" "redisSentinelPassword" "RIG_REDIS_SENTINEL_PASSWORD" "sessionSecret" "RIG_SESSION_SECRET" }}
+{{- $order := list "databaseUrl" "redisUrl" "apiTokens" "operatorTokens" "viewerTokens" "agentTokens" "redisSentinelPassword" "sessionSecret" }}
 {{- if $s.existingSecret }}
 {{- $k := $s.existingSecretKeys }}
-{{- if not (or $k.apiTokens $k.operatorTokens $k.viewerTokens .Values.allowAnonymous) }}
-{{- fail "secrets.existingSecretKeys names no token key (apiTokens, operatorTokens, viewerTokens): name at least one, or set allowAnonymous=true for an open API" }}
+{{- if not (or $k.apiTokens $k.operatorTokens $k.viewerTokens $k.agentTokens .Values.allowAnonymous) }}
+{{- fail "secrets.existingSecretKeys names no token key (apiTokens, operatorTokens, viewerTokens, agentTokens): name at least one, or set allowAnonymous=true for an open API" }}
 {{- end }}
 {{- range $field := $order }}
 {{- with get $k $field }}
@@ -197,6 +197,17 @@ requires (it would exit 2 at start).
 {{- end }}
 {{- end }}
 {{- end }}
+{{- range $item := splitList "," (default "" $.Values.secrets.agentTokens | toString) }}
+{{- if trim $item }}
+{{- $parts := splitList ":" (trim $item) }}
+{{- if or (lt (len $parts) 2) (not (trim (first $parts))) }}
+{{- fail "secrets.agentTokens: every item must be <agentId>:<token>" }}
+{{- end }}
+{{- if lt (len (last $parts)) 16 }}
+{{- fail "secrets.agentTokens: every token must be at least 16 characters" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -205,7 +216,7 @@ True when the chart renders its own Secret.
 {{- define "rig-conductor.createSecret" -}}
 {{- $s := .Values.secrets }}
 {{- $generated := include "rig-conductor.generatedTokens" . | fromJson }}
-{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.redisSentinelPassword $s.sessionSecret $generated) }}true{{ end }}
+{{- if and (not $s.existingSecret) (or $s.databaseUrl $s.redisUrl $s.apiTokens $s.operatorTokens $s.viewerTokens $s.agentTokens $s.redisSentinelPassword $s.sessionSecret $generated) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -229,6 +240,9 @@ RIG_OPERATOR_TOKENS: {{ $s.operatorTokens | b64enc | quote }}
 {{- end }}
 {{- if $s.viewerTokens }}
 RIG_VIEWER_TOKENS: {{ $s.viewerTokens | b64enc | quote }}
+{{- end }}
+{{- if $s.agentTokens }}
+RIG_AGENT_TOKENS: {{ $s.agentTokens | b64enc | quote }}
 {{- end }}
 {{- if $s.redisSentinelPassword }}
 RIG_REDIS_SENTINEL_PASSWORD: {{ $s.redisSentinelPassword | b64enc | quote }}
@@ -276,6 +290,8 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
   value: {{ $c.degradedGraceMs | int64 | quote }}
 - name: RIG_MAX_CONSUMERS_PER_AGENT
   value: {{ $c.maxConsumersPerAgent | int64 | quote }}
+- name: RIG_AGENT_FORGET_MS
+  value: {{ $c.agentForgetMs | default 604800000 | int64 | quote }}
 - name: RIG_DRY_RUN
   value: {{ $c.dryRun | toString | quote }}
 - name: RIG_K8S_ENABLED
