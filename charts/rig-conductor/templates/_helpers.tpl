@@ -289,7 +289,7 @@ values, then the secret ones. Call with (dict "root" $ "secretName" NAME).
 - name: RIG_DEGRADED_GRACE_MS
   value: {{ $c.degradedGraceMs | int64 | quote }}
 - name: RIG_MAX_CONSUMERS_PER_AGENT
-  value: {{ $c.maxConsumersPerAgent | int64 | quote }}
+  value: {{ $c.maxConsumersPerAgent | default 1000 | int64 | quote }}
 - name: RIG_AGENT_FORGET_MS
   value: {{ $c.agentForgetMs | default 604800000 | int64 | quote }}
 - name: RIG_DRY_RUN
