@@ -23,7 +23,9 @@ After = Annotated[
     int,
     Query(ge=0, le=2**63 - 1, description="the `next` of the previous page"),
 ]
-NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": schemas.Problem, "description": "no such work"}}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": schemas.Problem, "description": "no such work"}
+}
 
 
 @router.get(
