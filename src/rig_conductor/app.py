@@ -18,7 +18,7 @@ from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.api import errors, heartbeat_lane
-from rig_conductor.api.routes import deadletters, events, health, views, work
+from rig_conductor.api.routes import deadletters, events, health, operator, views, work
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import leader
 from rig_conductor.reaper.pods import PodEvidence
@@ -88,6 +88,7 @@ def create_app(
     app.include_router(views.router, prefix="/api")
     app.include_router(deadletters.router, prefix="/api")
     app.include_router(work.router, prefix="/api")
+    app.include_router(operator.router, prefix="/api")
     app.include_router(health.router)
     console.install(app, tokens=tokens)
     app.add_middleware(ServerTiming)  # console pages and /api views: the time to answer

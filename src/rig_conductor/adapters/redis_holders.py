@@ -137,3 +137,21 @@ async def look(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> Ent
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def held_in_group_many(
+    client: AnyRedis, *, stream: StreamKey, group: str, entry_ids: list[str]
+) -> dict[str, ConsumerName]:
+    """The consumer holding each of `entry_ids` in `group` (those nobody holds left out): one
+    `XPENDING <stream> <group> <id> <id> 1` per id, pipelined."""
+    async with client.pipeline(transaction=False) as pipe:
+        for entry_id in entry_ids:
+            pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    held: dict[str, ConsumerName] = {}
+    for entry_id, reply in zip(entry_ids, replies, strict=True):
+        if isinstance(reply, Exception):
+            raise reply
+        if reply:
+            held[entry_id] = ConsumerName(_text(reply[0]["consumer"]))
+    return held
