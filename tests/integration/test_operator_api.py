@@ -31,9 +31,7 @@ async def test_pending_moves_and_reclaims(
         assert {r["consumer"] for r in rows} == {"dev-e-0"}
         assert [r["issueId"] for r in rows] == [f"rc-{i}" for i in range(1, 6)]
         assert all(r["deliveries"] == 1 and r["idleMs"] >= 0 for r in rows)
-        page = await client.get(
-            f"/api/streams/{S}/groups/{G}/pending?limit=2", headers=AS_VIEWER
-        )
+        page = await client.get(f"/api/streams/{S}/groups/{G}/pending?limit=2", headers=AS_VIEWER)
         assert [r["entryId"] for r in page.json()] == held[:2]
         assert 'rel="next"' in page.headers["link"]
         nxt = await client.get(
