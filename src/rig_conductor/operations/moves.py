@@ -213,7 +213,7 @@ async def _check_target(
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
     names = [c.name for c in found.consumers]  # the group's own: not every heartbeat row
-    fleet = Fleet(await views.evidence(rt, consumers=names), rt.settings.limits)
+    fleet = Fleet(await views.move_evidence(rt, consumers=names), rt.settings.limits)
     candidate = fleet.target(info, stream=stream, group=found.name)
     if candidate is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")

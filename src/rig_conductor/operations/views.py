@@ -104,6 +104,24 @@ async def evidence(rt: Runtime, *, consumers: Collection[str] | None = None) -> 
     )
 
 
+async def move_evidence(rt: Runtime, *, consumers: Collection[str]) -> Evidence:
+    """The evidence a move by hand judges its target on (reaper rule 5): the scan's own, with
+    a fresh pod list, so a consumer whose pod is missing from it is no target unless it
+    heartbeats by its own name."""
+    if rt.pod_list is None:
+        return await evidence(rt, consumers=consumers)
+    pods, listed = await rt.pod_list()
+    return await queries.load_evidence(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        configured_agents=rt.settings.known_agents,
+        down_ms=rt.settings.agent_down_ms,
+        pods=pods,
+        pods_listed=listed,
+        consumers=consumers,
+    )
+
+
 async def agents(
     rt: Runtime, *, after: str | None = None, limit: int = AGENTS_PAGE
 ) -> list[AgentRow]:
