@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text, tuple_
+from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events
@@ -250,3 +250,25 @@ async def dead_lettered_groups(
     )
     async with engine.connect() as conn:
         return frozenset(str(g) for (g,) in await conn.execute(query) if g is not None)
+
+
+async def attempt_seconds(
+    engine: AsyncEngine, *, tenant: str, stream: str, entry_id: str, attempt: int
+) -> float | None:
+    """Seconds since the attempt's accepted WORK_STARTED (None: no such start recorded)."""
+    query = (
+        select(func.extract("epoch", func.now() - events.c.occurred_at))
+        .where(
+            events.c.stream == stream,
+            events.c.entry_id == entry_id,
+            events.c.tenant == tenant,
+            events.c.kind == "WORK_STARTED",
+            events.c.attempt == attempt,
+            events.c.fenced.is_(False),
+        )
+        .order_by(events.c.id.desc())
+        .limit(1)
+    )
+    async with engine.connect() as conn:
+        row = (await conn.execute(query)).first()
+    return None if row is None else max(0.0, float(row[0]))
