@@ -207,3 +207,17 @@ async def test_a_dispatch_appended_again_keeps_one_story(
     assert kinds(story) == ["DISPATCHED", "STARTED", "DISPATCHED"]
     assert story["timeline"][2]["replaces"] == old
     assert story["state"] == "unread"
+
+
+async def test_an_entry_without_an_issue_and_names_that_cannot_exist(
+    client: httpx.AsyncClient, redis: Redis
+) -> None:
+    await redis.xgroup_create(S, G, id="0", mkstream=True)
+    entry = await redis.xadd(S, {"type": "SOMETHING_ELSE"})
+    story = (await client.get(f"/api/streams/{S}/entries/{entry}", headers=AS_VIEWER)).json()
+    assert "issueId" not in story or story["issueId"] is None
+    assert story["state"] == "unread" and story["timeline"] == []
+    nul = await client.get("/api/work/rc%001", headers=AS_VIEWER)
+    assert nul.status_code == 404
+    bad = await client.get("/api/reclaims?reason=a%0Ab", headers=AS_VIEWER)
+    assert bad.status_code == 422

@@ -34,10 +34,15 @@ class Story:
     # The cursor of the timeline's next page (`after`); None when this page is the last.
     next_after: int | None = None
     entries: list[rows.EntryRef] = field(default_factory=list)
+    # What knows the current entry besides the event log: Redis still has it, or it has an
+    # assignment row.
+    known: bool = False
 
 
 async def of_issue(rt: Runtime, issue_id: str, *, after: int, limit: int) -> Story | None:
     """None for an issue never dispatched (and never named by an agent's report)."""
+    if not _storable(issue_id):
+        return None  # no such issue could have been stored
     tenant = rt.settings.tenant
     entries = await rows.issue_entries(rt.engine, tenant=tenant, issue_id=issue_id)
     if not entries:
@@ -52,13 +57,18 @@ async def of_entry(
     entry = rows.EntryRef(stream, entry_id)
     issue_id = await rows.entry_issue(rt.engine, tenant=rt.settings.tenant, entry=entry)
     told = await _told(rt, issue_id, [entry], after=after, limit=limit)
-    if issue_id is None and not told.timeline and after == 0 and not _in_redis(told):
+    if issue_id is None and not told.timeline and after == 0 and not told.known:
         return None
     return told
 
 
-def _in_redis(told: Story) -> bool:
-    return told.issue_id is not None or any(g.state is not story.State.UNREAD for g in told.groups)
+def _storable(text: str) -> bool:
+    """Text PostgreSQL can hold (no NUL, no lone surrogate): anything else names nothing."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 async def _told(
@@ -106,4 +116,5 @@ async def _told(
         timeline=[story.item(r) for r in found],
         next_after=found[-1].last_id if len(found) == limit else None,
         entries=entries,
+        known=seen.fields is not None or row is not None,
     )

@@ -115,7 +115,7 @@ async def reclaims(
     response: Response,
     stream: Annotated[schemas.NameParam | None, Query(max_length=domain.NAME_MAX_LENGTH)] = None,
     agent: Annotated[schemas.NameParam | None, Query(max_length=domain.NAME_MAX_LENGTH)] = None,
-    reason: Annotated[str | None, Query(max_length=64)] = None,
+    reason: Annotated[schemas.NameParam | None, Query(max_length=64)] = None,
     since: datetime | None = None,
     limit: Limit = 100,
     after: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
