@@ -221,3 +221,13 @@ async def test_an_entry_without_an_issue_and_names_that_cannot_exist(
     assert nul.status_code == 404
     bad = await client.get("/api/reclaims?reason=a%0Ab", headers=AS_VIEWER)
     assert bad.status_code == 422
+
+
+async def test_ids_redis_would_refuse_are_422(client: httpx.AsyncClient, redis: Redis) -> None:
+    huge = "18446744073709551616-0"
+    for path in (
+        f"/api/streams/{S}/entries/{huge}",
+        f"/api/streams/{S}/groups/{G}/pending?after={huge}",
+    ):
+        answer = await client.get(path, headers=AS_VIEWER)
+        assert answer.status_code == 422, (path, answer.text)

@@ -8,7 +8,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from rig_conductor import domain
 from rig_conductor.api.schemas import EntryIdField, Name, Text, Wire
+
+
+def optional_entry_id(value: str | None) -> str | None:
+    """`domain.entry_id` for an optional query parameter: None stays None."""
+    return None if value is None else domain.entry_id(value)
+
 
 WorkState = Literal["unread", "pending", "running", "done", "failed", "dead-lettered"]
 ItemKind = Literal[

@@ -3,7 +3,6 @@ story, as `GET /api/work/{issueId}` tells it. Reads only."""
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -18,7 +17,6 @@ from rig_conductor.operations import views, work_story
 router = APIRouter(include_in_schema=False)
 SessionDep = Annotated[Session, Depends(web.current)]
 Text = Annotated[str, Query(max_length=256)]
-ENTRY_ID = re.compile(domain.ENTRY_ID_PATTERN)
 TIMELINE_PAGE = 200
 
 
@@ -46,10 +44,18 @@ async def work(
     told = None
     if not stream:
         told = await work_story.of_issue(rt, q, after=after, limit=TIMELINE_PAGE)
-    if told is None and ENTRY_ID.match(q):
+    if told is None and _entry_id(q):
         key = web.stream_key(request, stream or rt.settings.dispatch_stream)
         if views.known_stream(rt.settings, key):
             told = await work_story.of_entry(rt, key, EntryId(q), after=after, limit=TIMELINE_PAGE)
     if told is None:
         return web.page(request, "work.html", you, status_code=404, **context)
     return web.page(request, "work.html", you, **{**context, "story": told, "after": after})
+
+
+def _entry_id(text: str) -> bool:
+    try:
+        domain.entry_id(text)
+    except ValueError:
+        return False
+    return True

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
+from pydantic import AfterValidator
 
 from rig_conductor import domain, roles
 from rig_conductor.api import schemas, work_schemas
@@ -125,6 +126,7 @@ async def delete(
             pattern=schemas.ENTRY_ID_PATTERN,
             max_length=domain.ENTRY_ID_MAX_LENGTH,
         ),
+        AfterValidator(work_schemas.optional_entry_id),
     ] = None,
     many: Annotated[work_schemas.DeadLettersRequest | None, Body()] = None,
 ) -> Response:
@@ -140,6 +142,6 @@ async def delete(
     if stream is None or dlq_id is None:
         return _unprocessable("dlqId", "give stream and dlqId, or a body")
     key = StreamKey(stream)
-    if not await deadletters.delete(rt, who, stream=key, dlq_id=domain.entry_id(dlq_id)):
+    if not await deadletters.delete(rt, who, stream=key, dlq_id=dlq_id):
         raise HTTPException(404, detail=f"no dead letter {dlq_id} in {key}:dlq")
     return Response(status_code=204)

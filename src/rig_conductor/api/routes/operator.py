@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from pydantic import AfterValidator
 
 from rig_conductor import domain, roles
 from rig_conductor.adapters import failures
@@ -41,6 +42,7 @@ async def group_pending(
     after: Annotated[
         str | None,
         Query(pattern=schemas.ENTRY_ID_PATTERN, max_length=domain.ENTRY_ID_MAX_LENGTH),
+        AfterValidator(work_schemas.optional_entry_id),
     ] = None,
 ) -> list[work_schemas.PendingView]:
     """The group's pending entries (or one consumer's), oldest first, after entry `after`: a

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import AfterValidator
 
 from rig_conductor import domain
 from rig_conductor.api import schemas, work_schemas
@@ -67,6 +68,7 @@ async def work_of_entry(
             pattern=schemas.ENTRY_ID_PATTERN,
             max_length=domain.ENTRY_ID_MAX_LENGTH,
         ),
+        AfterValidator(domain.entry_id),
     ],
     limit: Limit = work_story.TIMELINE_PAGE,
     after: After = 0,
@@ -76,7 +78,7 @@ async def work_of_entry(
     if not views.known_stream(rt.settings, stream):
         raise HTTPException(404, detail=f"{stream!r} is not one of the configured streams")
     told = await work_story.of_entry(
-        rt, StreamKey(stream), EntryId(domain.entry_id(entry_id)), after=after, limit=limit
+        rt, StreamKey(stream), EntryId(entry_id), after=after, limit=limit
     )
     if told is None:
         raise HTTPException(404, detail=f"no entry {entry_id} in {stream}")
