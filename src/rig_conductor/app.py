@@ -6,7 +6,7 @@ watch and the leader election. Builds and connects; decides nothing itself."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -18,7 +18,8 @@ from rig_conductor.adapters import redis_client, token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.api import errors, heartbeat_lane
-from rig_conductor.api.routes import deadletters, events, health, views
+from rig_conductor.api.routes import deadletters, events, health, operator, views, work
+from rig_conductor.domain import ConsumerName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import leader
 from rig_conductor.reaper.pods import PodEvidence
@@ -87,6 +88,8 @@ def create_app(
     events.install(app)
     app.include_router(views.router, prefix="/api")
     app.include_router(deadletters.router, prefix="/api")
+    app.include_router(work.router, prefix="/api")
+    app.include_router(operator.router, prefix="/api")
     app.include_router(health.router)
     console.install(app, tokens=tokens)
     app.add_middleware(ServerTiming)  # console pages and /api views: the time to answer
@@ -155,8 +158,16 @@ class _Parts:
             topology=self.topology,
             tokens=tokens,
             pods=self.pods.tracker.states if self.pods else None,
+            pod_list=self._pod_list if self.pods else None,
             refusal_log=refusal_log,
         )
+
+    async def _pod_list(self) -> tuple[Mapping[ConsumerName, PodState], bool]:
+        """The pods as a scan lists them, for a move by hand: its target is judged by rule 5
+        on the scan's own evidence, a consumer missing from the list included."""
+        assert self.pods is not None
+        states = await self.pods.liveness.scan()
+        return states, self.pods.liveness.listed
 
     async def start(self) -> None:
         self.heartbeats.start()

@@ -95,10 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rig_conductor.agent import cli as agent_cli
     from rig_conductor.audit import main as audit
+    from rig_conductor.ops_cli import commands as ops_commands
 
     agent_cli.add_parser(sub)
     audit.add_parser(sub)
     redis_rights.add_parser(sub)
+    ops_commands.add_parsers(sub)
     return parser
 
 

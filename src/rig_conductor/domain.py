@@ -145,6 +145,8 @@ class GroupInfo:
     # How many consumers the group has, when `consumers` lists only some of them (a scan's
     # summary: those holding entries and a few others); None when it lists them all.
     count: int | None = None
+    # Entries of the stream not yet delivered to the group; None when unknown.
+    lag: int | None = None
 
     @property
     def consumer_count(self) -> int:

@@ -19,6 +19,24 @@ from rig_conductor.domain import UNKNOWN_AGENT
 __all__ = ["UNKNOWN_AGENT", "Metrics"]
 # Scans run from milliseconds (a quiet fleet) to about a minute (a million-entry reclaim).
 SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# One attempt's work, and how long an entry sat idle before it moved: seconds to a day.
+WORK_BUCKETS = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+    7200.0,
+    21600.0,
+    86400.0,
+)
+# What `rig_work_finished_total` counts a finished attempt as.
+WORK_OUTCOMES = ("completed", "failed", "fenced", "abandoned")
 
 
 class Metrics:
@@ -34,6 +52,7 @@ class Metrics:
             registry=self.registry,
         )
         self.build_info.labels(build.__version__, build.revision()).set(1)
+        self._work_families(self.registry)
         for outcome in ("ok", "error"):
             self.scans.labels(outcome)
         self._label_sets: dict[Gauge, set[tuple[str, ...]]] = {}
@@ -157,6 +176,37 @@ class Metrics:
             "Times a scan found that Redis had lost its data (the epoch marker beside the "
             "stream was gone): restarted without persistence, flushed, or failed over empty",
             ["stream"],
+            registry=r,
+        )
+
+    def _work_families(self, r: CollectorRegistry) -> None:
+        """The work itself: attempts finished and how long they took, each group's backlog,
+        and how long entries sat idle before the reaper (or an operator) moved them."""
+        self.work_finished = Counter(
+            "rig_work_finished",
+            "Attempts that reported their end: completed, failed, fenced (a report of an "
+            "attempt no longer current) or abandoned (no progress within the deadline)",
+            ["stream", "group", "outcome"],
+            registry=r,
+        )
+        self.work_duration = Histogram(
+            "rig_work_duration_seconds",
+            "From WORK_STARTED to the accepted WORK_COMPLETED of one attempt",
+            ["stream", "group"],
+            buckets=WORK_BUCKETS,
+            registry=r,
+        )
+        self.group_lag = Gauge(
+            "rig_stream_group_lag",
+            "Entries of the stream not yet delivered to the group (last scan)",
+            ["stream", "group"],
+            registry=r,
+        )
+        self.reclaim_delay = Histogram(
+            "rig_reclaim_delay_seconds",
+            "How long a moved entry had sat idle when it moved",
+            ["stream", "group", "reason"],
+            buckets=WORK_BUCKETS,
             registry=r,
         )
 

@@ -46,6 +46,9 @@ class Runtime:
     tokens: roles.Tokens | None = None
     # What Kubernetes last said about each pod (= consumer); None with Kubernetes off.
     pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
+    # A fresh pod list, as a scan takes it: each pod's state, and whether the list succeeded
+    # (then a pod it does not name is missing). None with Kubernetes off.
+    pod_list: Callable[[], Awaitable[tuple[Mapping[ConsumerName, PodState], bool]]] | None = None
     # Lines about refused requests, at a bounded rate (the app's, shared with its middleware).
     refusal_log: lograte.RateLimitedLog = field(default_factory=lograte.RateLimitedLog)
     # The agents consumer names resolve against when a bound credential speaks.

@@ -29,6 +29,10 @@ CONTRACT = {
     "rig_heartbeats_received_total": ("counter", set()),
     "rig_dispatched_entries_total": ("counter", {"stream"}),
     "rig_build_info": ("gauge", {"version", "revision"}),
+    "rig_work_finished_total": ("counter", {"stream", "group", "outcome"}),
+    "rig_work_duration_seconds": ("histogram", {"stream", "group"}),
+    "rig_stream_group_lag": ("gauge", {"stream", "group"}),
+    "rig_reclaim_delay_seconds": ("histogram", {"stream", "group", "reason"}),
     # Beyond the contract: the last audit's verdict (rig-conductor audit records it).
     "rig_audit_lost_entries": ("gauge", set()),
     "rig_audit_duplicate_issues": ("gauge", set()),

@@ -39,6 +39,10 @@ FAMILIES = {
     "rig_heartbeats_received": "counter",
     "rig_dispatched_entries": "counter",
     "rig_build_info": "gauge",
+    "rig_work_finished": "counter",
+    "rig_work_duration_seconds": "histogram",
+    "rig_stream_group_lag": "gauge",
+    "rig_reclaim_delay_seconds": "histogram",
 }
 
 

@@ -30,6 +30,7 @@ from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry,
 @dataclass(frozen=True, slots=True)
 class PendingRow:
     id: str
+    consumer: str
     idle_ms: int
     deliveries: int
     # The entry's fields; None when the entry is gone from the stream (trimmed or deleted).
@@ -41,12 +42,13 @@ async def pending_page(
     *,
     stream: StreamKey,
     group: GroupName,
-    consumer: ConsumerName,
+    consumer: ConsumerName | None,
     after: str | None,
     count: int,
 ) -> list[PendingRow]:
-    """Up to `count` of `consumer`'s pending entries with ids above `after`, oldest first,
-    with their fields: two round trips whatever the length of the list."""
+    """Up to `count` of `consumer`'s pending entries (None: the group's) with ids above
+    `after`, oldest first, with their fields: two round trips whatever the length of the
+    list."""
     rows: list[dict[str, Any]] = await client.xpending_range(
         stream,
         group,
@@ -60,6 +62,7 @@ async def pending_page(
     return [
         PendingRow(
             str(row["message_id"]),
+            str(row["consumer"]),
             int(row["time_since_delivered"]),
             int(row["times_delivered"]),
             fields.get(str(row["message_id"])),

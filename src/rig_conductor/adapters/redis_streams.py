@@ -16,7 +16,7 @@ from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from rig_conductor.adapters import consumer_summary, redis_keys
+from rig_conductor.adapters import consumer_summary, redis_keys, redis_lag
 from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
 from rig_conductor.domain import (
     ConsumerInfo,
@@ -312,17 +312,17 @@ async def describe_groups(
         groups = [g for g in groups if g[1] == only]
     summaries: list[tuple[int, tuple[ConsumerInfo, ...]] | Exception] = []
     if others is not None:
-        pairs = [(stream, group) for stream, group, _ in groups]
+        pairs = [(stream, group) for stream, group, _, _ in groups]
         summaries = await consumer_summary.summaries(client, pairs, others=others)
     async with client.pipeline(transaction=False) as pipe:
-        for stream, group, pending in groups:
+        for stream, group, pending, _ in groups:
             if others is None:
                 pipe.xinfo_consumers(stream, group)
             if pending:
                 pipe.xpending_range(stream, group, min="-", max="+", count=1)
         replies = iter(await pipe.execute(raise_on_error=False))
     described: list[GroupInfo] = []
-    for n, (stream, group, pending) in enumerate(groups):
+    for n, (stream, group, pending, lag) in enumerate(groups):
         reply = summaries[n] if others is not None else next(replies)
         oldest = next(replies) if pending else []
         if isinstance(reply, MovedError | AskError):
@@ -330,27 +330,32 @@ async def describe_groups(
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
-        described.append(_group_info(stream, group, pending, reply, oldest))
+        described.append(_group_info(stream, group, pending, reply, oldest, lag))
     return described
 
 
 async def _groups_of(
     client: Redis, streams: Sequence[StreamKey]
-) -> list[tuple[StreamKey, GroupName, int]]:
-    """(stream, group, pending) of every group of `streams` (XINFO GROUPS, one round trip)."""
+) -> list[tuple[StreamKey, GroupName, int, int | None]]:
+    """(stream, group, pending, lag) of every group of `streams` (XINFO GROUPS, one round
+    trip; then `redis_lag.group_lags` for the groups whose lag Redis did not say)."""
     async with client.pipeline(transaction=False) as pipe:
         for stream in streams:
             pipe.xinfo_groups(stream)
         replies = await pipe.execute(raise_on_error=False)
-    groups: list[tuple[StreamKey, GroupName, int]] = []
+    groups: list[tuple[StreamKey, GroupName, int, Mapping[str, Any]]] = []
     for stream, reply in zip(streams, replies, strict=True):
         if isinstance(reply, MovedError | AskError):
             raise reply  # a cluster slot moved since the map was read: the caller retries
         if isinstance(reply, Exception):
             logger.info("Stream %s skipped: %s", stream, reply)
             continue
-        groups.extend((stream, GroupName(g["name"]), int(g["pending"])) for g in reply)
-    return groups
+        groups.extend((stream, GroupName(g["name"]), int(g["pending"]), g) for g in reply)
+    lags = await redis_lag.group_lags(client, [(stream, g) for stream, _, _, g in groups])
+    return [
+        (stream, name, pending, lag)
+        for (stream, name, pending, _), lag in zip(groups, lags, strict=True)
+    ]
 
 
 def _group_info(
@@ -359,6 +364,7 @@ def _group_info(
     pending: int,
     consumers: tuple[int, tuple[ConsumerInfo, ...]] | list[Mapping[str, Any]],
     oldest: Any,
+    lag: int | None = None,
 ) -> GroupInfo:
     """From XINFO CONSUMERS' rows, or a summary (count, consumers)."""
     if isinstance(consumers, tuple):
@@ -374,6 +380,7 @@ def _group_info(
         oldest_id=EntryId(first["message_id"]) if first else None,
         oldest_idle_ms=int(first["time_since_delivered"]) if first else None,
         count=count,
+        lag=lag,
     )
 
 

@@ -8,7 +8,7 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
 from rig_conductor import roles
-from rig_conductor.console import actions, pages, signin, web
+from rig_conductor.console import actions, pages, signin, web, work
 from rig_conductor.operations import sessions
 
 
@@ -20,6 +20,7 @@ def install(app: FastAPI, *, tokens: roles.Tokens) -> None:
     app.include_router(signin.router, prefix="/ui")
     app.include_router(actions.router, prefix="/ui")
     app.include_router(pages.router, prefix="/ui")
+    app.include_router(work.router, prefix="/ui")
     app.add_exception_handler(web.SignInRequired, _sign_in)
     app.add_exception_handler(web.Refused, _refused)
 

@@ -93,6 +93,7 @@ class Applier:
         claimed = await self._claim(batches)
         for batch, ids in zip(batches, claimed, strict=True):
             self.skipped += len(batch.ids) - len(ids)
+        self._delays(plan.claims, claimed)
         for owner, target, ids in _stretches(plan.claims, claimed):
             key = (owner, target)
             self.moved[key] = self.moved.get(key, 0) + len(ids)
@@ -178,6 +179,22 @@ class Applier:
             )
         self.dead_lettered = [item.entry_id for item in dead]
 
+    def _delays(self, claims: Sequence[reclaim.Claim], claimed: list[list[EntryId]]) -> None:
+        """How long each moved entry had sat idle (`rig_reclaim_delay_seconds`)."""
+        if self.metrics is None:
+            return
+        a = self.assessment
+        for claim, ids in zip(claims, claimed, strict=True):
+            if not ids:
+                continue
+            moved = set(ids)
+            histogram = self.metrics.reclaim_delay.labels(
+                a.stream, a.group, a.rules[claim.owner].reason
+            )
+            for entry in claim.entries:
+                if entry.id in moved:
+                    histogram.observe(entry.idle_ms / 1000)
+
     def _count(self, outcome: GroupOutcome, metrics: Metrics) -> None:
         stream, group, rules = self.assessment.stream, self.assessment.group, self.assessment.rules
         for (owner, target), count in self.moved.items():
@@ -201,6 +218,9 @@ class DryRun(Applier):
 
     async def _claim(self, batches: list[redis_sweep.ClaimBatch]) -> list[list[EntryId]]:
         return [list(batch.ids) for batch in batches]
+
+    def _delays(self, claims: Sequence[reclaim.Claim], claimed: list[list[EntryId]]) -> None:
+        return None
 
     def _moved(self, owner: ConsumerName, target: ConsumerName, ids: list[EntryId]) -> None:
         _log_would_move(self.assessment, owner, target, ids)

@@ -109,13 +109,15 @@ async def apply_to(
     *,
     stream: StreamKey,
     dlq_ids: Sequence[str],
+    console: bool = True,
 ) -> int:
-    """Requeue (or delete) the dead letters with these ids, from the console; how many."""
+    """Requeue (or delete) the dead letters with these ids (from the console, or the API);
+    how many."""
     done = 0
     ids = list(dict.fromkeys(dlq_ids))
     for start in range(0, len(ids), BATCH):
         batch = ids[start : start + BATCH]
-        done += await _act(rt, caller, action, stream=stream, dlq_ids=batch, console=True)
+        done += await _act(rt, caller, action, stream=stream, dlq_ids=batch, console=console)
     return done
 
 
@@ -126,8 +128,10 @@ async def apply_to_matching(
     *,
     stream: StreamKey,
     where: Filter,
+    console: bool = True,
 ) -> int:
-    """Requeue (or delete) every dead letter that matches, from the console; how many."""
+    """Requeue (or delete) every dead letter that matches (from the console, or the API); how
+    many."""
     done = 0
     cursor: str | None = None
     while True:
@@ -135,7 +139,7 @@ async def apply_to_matching(
         ids = [letter.dlq_id for letter in page]
         if ids:  # the page after a full last one comes back empty
             done += await _act(
-                rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=True
+                rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=console
             )
         if cursor is None:
             return done

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rig_conductor import roles
-from rig_conductor.adapters import failures, redis_inspect, redis_reading
+from rig_conductor.adapters import failures, redis_holders, redis_inspect, redis_reading
 from rig_conductor.adapters.postgres import work
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 from rig_conductor.effects import applier as effects
@@ -114,6 +114,59 @@ async def move(
     return result
 
 
+@dataclass(slots=True)
+class MovedMany:
+    """What became of the entries an API move named, whoever held them."""
+
+    moved: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (entry id, why)
+
+
+async def move_to(
+    rt: Runtime,
+    caller: roles.Caller,
+    *,
+    stream: StreamKey,
+    group: str,
+    target: str,
+    ids: Sequence[str],
+) -> MovedMany:
+    """Move `ids` of `group`, whoever holds each, to `target` (`POST /api/moves`): the target
+    is judged first (`MoveRefused`, nothing moves), then each holder's entries go through
+    `move`, the console's guarded move."""
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise MoveRefused("no entries selected")
+    if len(ids) > MAX_ENTRIES:
+        raise MoveRefused(f"at most {MAX_ENTRIES} entries per move")
+    await _check_target(rt, stream=stream, group=group, target=target)
+    with failures.named_by_request():
+        holders = await redis_holders.held_in_group_many(
+            rt.redis, stream=stream, group=group, entry_ids=ids
+        )
+    done = MovedMany()
+    by_owner: dict[str, list[str]] = {}
+    for entry_id in ids:
+        holder = holders.get(entry_id)
+        if holder is None:
+            done.skipped.append((entry_id, "not pending in the group"))
+        elif holder == target:
+            done.skipped.append((entry_id, "already held by the target"))
+        else:
+            by_owner.setdefault(holder, []).append(entry_id)
+    for owner, owned in by_owner.items():
+        result = await move(
+            rt, caller, stream=stream, group=group, owner=owner, target=target, ids=owned
+        )
+        done.moved.extend(result.moved)
+        why = dict.fromkeys(result.dead_lettered, "dead-lettered: RIG_MAX_DELIVERIES reached")
+        why.update(dict.fromkeys(result.not_held, f"no longer held by {owner}"))
+        for entry_id in owned:
+            if entry_id not in result.moved:
+                done.skipped.append((entry_id, why.get(entry_id, "touched since it was read")))
+    return done
+
+
 async def _plan(
     rt: Runtime,
     fleet: Fleet,
@@ -161,7 +214,7 @@ async def _check_target(
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
     names = [c.name for c in found.consumers]  # the group's own: not every heartbeat row
-    fleet = Fleet(await views.evidence(rt, consumers=names), rt.settings.limits)
+    fleet = Fleet(await views.move_evidence(rt, consumers=names), rt.settings.limits)
     candidate = fleet.target(info, stream=stream, group=found.name)
     if candidate is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")

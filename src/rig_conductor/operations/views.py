@@ -104,6 +104,24 @@ async def evidence(rt: Runtime, *, consumers: Collection[str] | None = None) -> 
     )
 
 
+async def move_evidence(rt: Runtime, *, consumers: Collection[str]) -> Evidence:
+    """The evidence a move by hand judges its target on (reaper rule 5): the scan's own, with
+    a fresh pod list, so a consumer whose pod is missing from it is no target unless it
+    heartbeats by its own name."""
+    if rt.pod_list is None:
+        return await evidence(rt, consumers=consumers)
+    pods, listed = await rt.pod_list()
+    return await queries.load_evidence(
+        rt.engine,
+        tenant=rt.settings.tenant,
+        configured_agents=rt.settings.known_agents,
+        down_ms=rt.settings.agent_down_ms,
+        pods=pods,
+        pods_listed=listed,
+        consumers=consumers,
+    )
+
+
 async def agents(
     rt: Runtime, *, after: str | None = None, limit: int = AGENTS_PAGE
 ) -> list[AgentRow]:
@@ -180,10 +198,13 @@ async def reclaims(
     reason: str | None,
     since: datetime | None,
     limit: int,
+    before_id: int | None = None,
 ) -> list[history.ReclaimRow]:
     """The RECLAIMED rows of the event log of `stream`, from or to `agent`, with `reason`, since
-    `since` (each None: any), newest first."""
-    where = history.ReclaimFilter(stream=stream, agent=agent, reason=reason, since=since)
+    `since` (each None: any), older than row `before_id` (None: the newest), newest first."""
+    where = history.ReclaimFilter(
+        stream=stream, agent=agent, reason=reason, since=since, before_id=before_id
+    )
     return await history.reclaims(rt.engine, tenant=rt.settings.tenant, where=where, limit=limit)
 
 
@@ -260,15 +281,15 @@ def consumer_rows(group: GroupInfo, known: Evidence, rt: Runtime) -> list[Consum
 
 
 async def pending(
-    rt: Runtime, *, stream: str, group: str, consumer: str, after: str | None, count: int
+    rt: Runtime, *, stream: str, group: str, consumer: str | None, after: str | None, count: int
 ) -> list[redis_inspect.PendingRow]:
-    """A page of the consumer's pending entries, with their fields."""
+    """A page of the consumer's pending entries (None: the whole group's), with their fields."""
     with failures.named_by_request():
         rows = await redis_inspect.pending_page(
             rt.redis,
             stream=StreamKey(stream),
             group=GroupName(group),
-            consumer=ConsumerName(consumer),
+            consumer=ConsumerName(consumer) if consumer is not None else None,
             after=after,
             count=count,
         )

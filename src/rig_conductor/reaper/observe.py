@@ -113,6 +113,9 @@ def _refresh_gauges(
             if g.oldest_idle_ms is not None
         },
     )
+    metrics.replace(
+        metrics.group_lag, {(g.stream, g.name): g.lag for g in groups if g.lag is not None}
+    )
     flagged: dict[tuple[str, ...], float] = {(g.stream, g.name): 0 for g in groups}
     for s in sightings:
         flagged[(s.stream, s.group)] += 1

@@ -39,6 +39,7 @@ class ReclaimRow:
     reason: str
     by: str | None  # who moved them, for an operator's move
     entry_ids: tuple[str, ...]
+    id: int = 0  # the event-log row's: a page cursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class ReclaimFilter:
     reason: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    before_id: int | None = None  # rows older than this one (the previous page's last `id`)
 
 
 async def record_scan(engine: AsyncEngine, *, tenant: str, report: Mapping[str, Any]) -> None:
@@ -107,6 +109,7 @@ async def reclaims(
         detail["by"].astext,
         events.c.entry_ids,
         events.c.entry_id,
+        events.c.id,
     ).where(events.c.tenant == tenant, events.c.kind == "RECLAIMED")
     if where.stream:
         query = query.where(events.c.stream == where.stream)
@@ -120,6 +123,8 @@ async def reclaims(
         query = query.where(events.c.occurred_at >= where.since)
     if where.until is not None:
         query = query.where(events.c.occurred_at < where.until)
+    if where.before_id is not None:
+        query = query.where(events.c.id < where.before_id)
     query = query.order_by(events.c.id.desc()).limit(limit)
     async with engine.connect() as conn:
         rows = (await conn.execute(query)).all()
@@ -135,6 +140,7 @@ async def reclaims(
             reason=row[7] or "down",  # rows from before reasons were recorded
             by=row[8],
             entry_ids=tuple(row[9] or ((row[10],) if row[10] else ())),
+            id=row[11],
         )
         for row in rows
     ]

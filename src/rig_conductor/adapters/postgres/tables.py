@@ -110,6 +110,13 @@ events = Table(
     Index("ix_events_occurred_at", "occurred_at"),
     Index("ix_events_stream_entry", "stream", "entry_id"),
     Index("ix_events_issue", "issue_id"),
+    # The RECLAIMED rows naming one entry (migration 0017): the story of a piece of work.
+    Index(
+        "ix_events_entry_ids",
+        "entry_ids",
+        postgresql_using="gin",
+        postgresql_where=text("entry_ids IS NOT NULL"),
+    ),
 )
 
 # One row per idempotency key: the entry a dispatch appended, so a repeat appends nothing.

@@ -22,7 +22,7 @@ from rig_conductor.domain import (
     StagedOutput,
     StreamKey,
 )
-from rig_conductor.operations import agent_dead_letter, dispatch, reports
+from rig_conductor.operations import agent_dead_letter, dispatch, reports, work_metrics
 
 logger = logging.getLogger(__name__)
 # Every heartbeat gets the same answer: encoded once.
@@ -198,6 +198,16 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
     )
     if outcome.refusal is not None:
         return _refused(event, outcome.refusal, outcome, rt)
+    await work_metrics.finished(
+        rt,
+        kind=event.type,
+        stream=event.stream,
+        group=event.group,
+        entry_id=event.entry_id,
+        attempt=outcome.attempt if event.type == "WORK_STARTED" else event.attempt,
+        error=event.error,
+        accepted=outcome.accepted,
+    )
     if not outcome.accepted and event.type != "WORK_FAILED":
         rt.refusal_log.log(
             logger,

@@ -1,0 +1,1 @@
+"""Operator commands over the HTTP API: `work`, `pending`, `move`, `deadletters`, `reclaims`."""
