@@ -25,6 +25,7 @@ from rig_conductor.domain import (
     EntryId,
     PendingEntry,
 )
+from rig_conductor.effects import dead_letters
 from rig_conductor.effects import journal as records
 from rig_conductor.effects.journal import Journal, Timing, no_timing
 from rig_conductor.policy import reclaim
@@ -350,21 +351,9 @@ def _log_dead_lettered(
     dead: list[redis_streams.DeadLettered],
     owners: Mapping[EntryId, ConsumerName],
 ) -> None:
-    stream = assessment.stream
     for item in dead:
-        logger.info(
-            "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
-            item.entry_id,
-            stream,
-            item.deliveries,
-            extra={
-                "entryId": item.entry_id,
-                "stream": stream,
-                "group": assessment.group,
-                "consumer": owners[item.entry_id],
-                "deliveries": item.deliveries,
-                "dlqId": item.dlq_id,
-            },
+        dead_letters.log_dead_lettered(
+            assessment.stream, assessment.group, owners[item.entry_id], item
         )
 
 

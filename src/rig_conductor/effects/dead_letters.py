@@ -39,21 +39,7 @@ async def dead_letter_held(
         return None
     item = done[0]
     dlq_stream = redis_streams.dlq_key(stream, redis)
-    logger.info(
-        "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
-        item.entry_id,
-        stream,
-        item.deliveries,
-        extra={
-            "entryId": item.entry_id,
-            "stream": stream,
-            "group": group,
-            "consumer": consumer,
-            "deliveries": item.deliveries,
-            "dlqId": item.dlq_id,
-            "reason": reason,
-        },
-    )
+    log_dead_lettered(stream, group, consumer, item, reason=reason)
     detail = {
         "deliveries": item.deliveries,
         "reason": reason,
@@ -80,3 +66,31 @@ async def dead_letter_held(
         entries=[(item.entry_id, item.issue_id, item.deliveries)],
     )
     return item
+
+
+def log_dead_lettered(
+    stream: StreamKey,
+    group: GroupName,
+    consumer: ConsumerName,
+    item: redis_streams.DeadLettered,
+    *,
+    reason: str | None = None,
+) -> None:
+    """Reaper rule 8's line for one dead letter, the scan's and an agent's alike."""
+    extra: dict[str, object] = {
+        "entryId": item.entry_id,
+        "stream": stream,
+        "group": group,
+        "consumer": consumer,
+        "deliveries": item.deliveries,
+        "dlqId": item.dlq_id,
+    }
+    if reason is not None:
+        extra["reason"] = reason
+    logger.info(
+        "[StreamReclaim] Dead-lettered %s on %s after %d deliveries",
+        item.entry_id,
+        stream,
+        item.deliveries,
+        extra=extra,
+    )
