@@ -231,3 +231,21 @@ async def test_ids_redis_would_refuse_are_422(client: httpx.AsyncClient, redis: 
     ):
         answer = await client.get(path, headers=AS_VIEWER)
         assert answer.status_code == 422, (path, answer.text)
+
+
+async def test_each_group_fanning_out_has_its_own_state(
+    client: httpx.AsyncClient, redis: Redis
+) -> None:
+    """Work is owned per group: `auditors` still runs the entry `G` has finished (and acked)."""
+    entry = await dispatch(client, redis)
+    await redis.xgroup_create(S, "auditors", id="0")
+    assert await read(redis, S, G, "dev-e-0", 1) == [entry]
+    assert await read(redis, S, "auditors", "qa-e-0", 1) == [entry]
+    await event(client, work("WORK_STARTED", "dev-e-0", entry))
+    audit = {**work("WORK_STARTED", "qa-e-0", entry), "group": "auditors"}
+    assert (await event(client, audit))["attempt"] == 1
+    await event(client, work("WORK_COMPLETED", "dev-e-0", entry, attempt=1))
+    await redis.xack(S, G, entry)
+    story = (await client.get("/api/work/rc-1", headers=AS_VIEWER)).json()
+    states = {g["group"]: (g["state"], g["holder"], g["attempt"]) for g in story["groups"]}
+    assert states == {G: ("done", None, 1), "auditors": ("running", "qa-e-0", 1)}, states

@@ -62,6 +62,10 @@ async def of_entry(
     return told
 
 
+def _assignment(row: rows.AssignmentRow | None) -> story.Assignment | None:
+    return None if row is None else story.Assignment(row.state, row.consumer, row.attempt)
+
+
 def _storable(text: str) -> bool:
     """Text PostgreSQL can hold (no NUL, no lone surrogate): anything else names nothing."""
     try:
@@ -85,9 +89,11 @@ async def _told(
         seen = await redis_holders.look(
             rt.redis, stream=StreamKey(current.stream), entry_id=EntryId(current.entry_id)
         )
-    assigned = await rows.assignment_rows(rt.engine, tenant=tenant, entries=[current])
-    row = assigned.get(current)
-    assignment = None if row is None else story.Assignment(row.state, row.consumer, row.attempt)
+    # Work is owned per group: each group's state comes from its own attempts (a row from
+    # before groups were recorded stands for whichever group has no row of its own).
+    by_group = await rows.assignment_rows(rt.engine, tenant=tenant, entry=current)
+    row = by_group.get(None) or next(iter(by_group.values()), None)
+    assignment = _assignment(row)
     dead_in = await rows.dead_lettered_groups(rt.engine, tenant=tenant, entry=current)
     groups = [
         story.group_state(
@@ -97,7 +103,7 @@ async def _told(
                 >= story.entry_key(current.entry_id),
                 holder=hold.holder,
             ),
-            assignment,
+            _assignment(by_group.get(hold.group) or by_group.get(None)),
             dead_lettered=hold.group in dead_in,
         )
         for hold in seen.groups

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, tuple_
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
 
 # The event-log kinds of a piece of work's story (`policy.story.EVENT_KINDS` names them).
 STORY_KINDS = (
@@ -125,29 +125,36 @@ async def entry_issue(engine: AsyncEngine, *, tenant: str, entry: EntryRef) -> s
 
 
 async def assignment_rows(
-    engine: AsyncEngine, *, tenant: str, entries: Sequence[EntryRef]
-) -> dict[EntryRef, AssignmentRow]:
-    if not entries:
-        return {}
-    query = select(
-        assignments.c.stream,
-        assignments.c.entry_id,
+    engine: AsyncEngine, *, tenant: str, entry: EntryRef
+) -> dict[str | None, AssignmentRow]:
+    """The entry's attempts in each group that works on it, by group: the first group's row
+    (None: a row from before groups were recorded) and every other group's."""
+    first = select(
+        assignments.c.group_name,
         assignments.c.state,
         assignments.c.consumer,
         assignments.c.attempt,
         assignments.c.issue_id,
     ).where(
         assignments.c.tenant == tenant,
-        tuple_(assignments.c.stream, assignments.c.entry_id).in_(
-            [(e.stream, e.entry_id) for e in entries]
-        ),
+        assignments.c.stream == entry.stream,
+        assignments.c.entry_id == entry.entry_id,
+    )
+    others = select(
+        group_assignments.c.group_name,
+        group_assignments.c.state,
+        group_assignments.c.consumer,
+        group_assignments.c.attempt,
+        group_assignments.c.issue_id,
+    ).where(
+        group_assignments.c.tenant == tenant,
+        group_assignments.c.stream == entry.stream,
+        group_assignments.c.entry_id == entry.entry_id,
     )
     async with engine.connect() as conn:
         return {
-            EntryRef(row.stream, row.entry_id): AssignmentRow(
-                row.state, row.consumer, row.attempt, row.issue_id
-            )
-            for row in await conn.execute(query)
+            row.group_name: AssignmentRow(row.state, row.consumer, row.attempt, row.issue_id)
+            for row in await conn.execute(first.union_all(others))
         }
 
 
