@@ -43,6 +43,7 @@ async def finished(
                 stream=stream,
                 entry_id=entry_id,
                 attempt=attempt,
+                group=group,
             )
         except failures.UNAVAILABLE:  # the completion is recorded: its timing is not worth a 503
             return

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
@@ -260,9 +260,16 @@ async def dead_lettered_groups(
 
 
 async def attempt_seconds(
-    engine: AsyncEngine, *, tenant: str, stream: str, entry_id: str, attempt: int
+    engine: AsyncEngine,
+    *,
+    tenant: str,
+    stream: str,
+    entry_id: str,
+    attempt: int,
+    group: str | None = None,
 ) -> float | None:
-    """Seconds since the attempt's accepted WORK_STARTED (None: no such start recorded)."""
+    """Seconds since the attempt's accepted WORK_STARTED in `group` (attempts are numbered per
+    group; None: any) (None: no such start recorded)."""
     query = (
         select(func.extract("epoch", func.now() - events.c.occurred_at))
         .where(
@@ -272,6 +279,7 @@ async def attempt_seconds(
             events.c.kind == "WORK_STARTED",
             events.c.attempt == attempt,
             events.c.fenced.is_(False),
+            true() if group is None else events.c.group_name == group,
         )
         .order_by(events.c.id.desc())
         .limit(1)

@@ -202,7 +202,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         rt,
         kind=event.type,
         stream=event.stream,
-        group=event.group,
+        group=group,
         entry_id=event.entry_id,
         attempt=outcome.attempt if event.type == "WORK_STARTED" else event.attempt,
         error=event.error,
