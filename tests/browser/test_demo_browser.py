@@ -1,6 +1,12 @@
 """`rig-conductor demo --watch` in a browser: the console it prints shows builder-b's consumers
 holding their builds, then the reclaim to builder-a arriving in the reclaim history, live (the
-page is never reloaded)."""
+page is never reloaded).
+
+builder-b's consumers die together, but their last heartbeats are up to a heartbeat interval
+apart (more on a loaded machine): a scan that falls between the moments they turn down may
+move one's entry to another builder-b consumer, still alive by its evidence (rule 5), and a
+later scan moves it on to builder-a. So the test asks that every build ends with builder-a,
+each move with reason `down`, not that each goes there in one move."""
 
 from __future__ import annotations
 
@@ -14,11 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, expect
+from playwright.async_api import Browser, Locator, expect
 
 from rig_conductor import demo
+from tests.integration.helpers import wait_for
 
 from .conftest import settled
+
+RECLAIMED = re.compile(r"\[StreamReclaim\] Reclaimed \S+ on \S+: (\S+) -> (\S+)")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -54,13 +63,21 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
         await settled(page)
         await expect(page.locator("#reclaims")).to_contain_text("No reclaims")
         rows = page.locator("#reclaims tbody tr", has_text=demo.DOOMED_AGENT)
+        to_live = rows.filter(has=page.locator("td:nth-child(4)", has_text=demo.LIVE[1]))
         # It arrives without a reload, once the demo's agent has been down for its threshold
         # and a scan has seen it (the demo gives up after --timeout 90).
-        await expect(rows.first).to_be_visible(timeout=120_000)
-        await expect(rows).to_have_count(len(demo.DOOMED))
-        for n in range(len(demo.DOOMED)):
-            await expect(rows.nth(n)).to_contain_text(demo.LIVE[1])
-            await expect(rows.nth(n)).to_contain_text("down")
+        await expect(to_live.first).to_be_visible(timeout=120_000)
+
+        async def moved(where: Locator) -> int:
+            return sum(map(int, await where.locator("td.num").all_inner_texts()))
+
+        async def every_build_with_builder_a() -> bool:
+            return await moved(to_live) == len(demo.DOOMED)
+
+        await wait_for(every_build_with_builder_a, within=90, explain=rows.all_inner_texts)
+        for row in await rows.all_inner_texts():
+            assert "down" in row, row
+        entries_moved = await moved(rows)
         # The overview: the scans so far, the reclaims among them, and the plot of both (the
         # README's picture of the console).
         await page.goto(url)
@@ -71,7 +88,7 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
         reclaimed = await page.evaluate(
             "() => JSON.parse(document.querySelector('script.series').textContent).reclaimed"
         )
-        assert sum(reclaimed) == len(demo.DOOMED), reclaimed
+        assert sum(reclaimed) == entries_moved, reclaimed
         await expect(page.locator("#plot canvas")).to_have_count(1)
         await page.screenshot(path=screenshots / "demo-overview.png", full_page=True)
     finally:
@@ -82,4 +99,7 @@ async def test_the_demo_shows_the_reclaim_live_in_the_console(
             process.kill()
             process.wait()
     output = log.read_text(errors="replace")
-    assert output.count("[StreamReclaim] Reclaimed") == len(demo.DOOMED), output[-3000:]
+    moves = RECLAIMED.findall(output)
+    assert len(moves) == entries_moved, output[-3000:]
+    assert all(source in demo.DOOMED for source, _ in moves), moves
+    assert sum(target == demo.LIVE[1] for _, target in moves) == len(demo.DOOMED), moves
