@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 # The bound of every `expect` (Playwright's own default, 5 s, is a measure of speed on a quiet
 # machine): a condition met in time on a quiet one can take several times longer on a loaded one.
 BOUND_MS = 45_000
+BOUND_S = BOUND_MS / 1000  # the same, for wait_for
 expect.set_options(timeout=BOUND_MS)
 
 

@@ -17,7 +17,7 @@ from tests.integration.helpers import fill, read, register, serve
 
 from .conftest import settled
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 VIEWER, AGENT = "viewer-streams-secret", "agent-streams-secret"
 STREAMS = [f"page:{n:02}" for n in range(25)]
