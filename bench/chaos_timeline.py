@@ -2,7 +2,8 @@
 the issue lost), for the report: the issue's rows in the event log, oldest first (when, kind,
 consumer, attempt, fenced, detail; a row about a batch of entries counts when the batch holds
 one of the issue's), beside the agents' log lines about its entries and the soak's own faults
-(the kills of the consumers in the story, and every scheduled fault from the story's start).
+(the kills of the consumers in the story, reclaim targets included, and every scheduled fault
+from the story's start).
 A failed run then says what happened to each such issue without a search through its logs.
 """
 
@@ -96,8 +97,8 @@ def story(
     for row in events:
         at, text, consumer = event_text(row)
         happenings.append(Happening(at, "event", text))
-        if consumer:
-            consumers.add(consumer)
+        detail = row[7] if isinstance(row[7], dict) else {}
+        consumers |= {c for c in (consumer, detail.get("toConsumer")) if c}  # a move's target too
         if row[5]:
             ids.add(str(row[5]))
     lines = log_lines(logs, ids)

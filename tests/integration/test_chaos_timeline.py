@@ -81,7 +81,7 @@ async def test_the_timeline_tells_one_issues_story_in_order(
             "kind": "RECLAIMED",
             "entry_ids": "{101-0,100-0}",
             "consumer": "chaos-w2-1",
-            "detail": {"reason": "down"},
+            "detail": {"reason": "down", "toConsumer": "chaos-w3-1"},
         },
         {"occurred_at": at(4), "kind": "RECLAIMED", "entry_ids": "{101-0}"},
         {
@@ -108,6 +108,7 @@ async def test_the_timeline_tells_one_issues_story_in_order(
         Fault(at(-5).timestamp(), "Redis restart 1: before the story began"),
         Fault(at(1.2).timestamp(), "SIGKILLed chaos-w1-1", "chaos-w1-1"),
         Fault(at(1.3).timestamp(), "SIGKILLed chaos-w9-1", "chaos-w9-1"),
+        Fault(at(3.5).timestamp(), "SIGKILLed chaos-w3-1", "chaos-w3-1"),  # the move's target
         Fault(at(5).timestamp(), "Redis restart 2: SHUTDOWN NOSAVE"),
     ]
 
@@ -121,7 +122,7 @@ async def test_the_timeline_tells_one_issues_story_in_order(
         faults=faults,
     )
 
-    assert lines[0] == f"timeline of {mine} (missing effect), 7 happenings:"
+    assert lines[0] == f"timeline of {mine} (missing effect), 8 happenings:"
     story = [line.split("s  ", 1)[1].split() for line in lines[1:]]
     assert [" ".join(words) for words in story] == [
         "event ISSUE_ASSIGNED entry 100-0",
@@ -129,7 +130,9 @@ async def test_the_timeline_tells_one_issues_story_in_order(
         "event WORK_COMPLETED entry 100-0 consumer chaos-w1-1 attempt 1",
         "soak SIGKILLed chaos-w1-1",
         "event WORK_COMPLETED entry 100-0 consumer chaos-w0-1 attempt 2 FENCED",
-        'event RECLAIMED batch of 2 entries consumer chaos-w2-1 {"reason":"down"}',
+        "event RECLAIMED batch of 2 entries consumer chaos-w2-1"
+        ' {"reason":"down","toConsumer":"chaos-w3-1"}',
+        "soak SIGKILLed chaos-w3-1",
         "soak Redis restart 2: SHUTDOWN NOSAVE",
     ]
     assert lines[1].startswith("    12:00:00.000 +  0.000s")
