@@ -42,9 +42,13 @@ test-servers: install
 	$(BIN)/python -m pytest $(XDIST) tests/integration --ignore=tests/integration/test_audit.py \
 	  --ignore=tests/integration/test_audit_at_scale.py --ignore=tests/integration/test_audit_cluster.py
 
-## Flake hunt: the end-to-end and topology tiers RUNS times in a row (default 10), every failure listed.
+## Flake hunt: every tier `make test` runs, RUNS times in a row (default 10), every failure listed.
+## LOAD=N keeps N busy-loop processes spinning meanwhile (a loaded machine: LOAD=$(WORKERS) or more);
+## ARGS names what to run instead, e.g. ARGS='tests/e2e tests/topologies'.
+LOAD ?= 0
+ARGS ?=
 flake: install
-	WORKERS=$(WORKERS) scripts/flake.sh $(RUNS)
+	WORKERS=$(WORKERS) LOAD=$(LOAD) scripts/flake.sh $(RUNS) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests bench migrations scripts

@@ -19,6 +19,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from chaos_timeline import Fault
+
 if TYPE_CHECKING:
     from chaos import Soak
 
@@ -34,7 +36,7 @@ async def kill_agents(soak: Soak) -> None:
         await asyncio.sleep(soak.opts.kill_every)
         slot = soak.rng.randrange(len(soak.slots))
         victim = soak.slots[slot]
-        soak.killed[victim.name] = time.time()
+        soak.faults.append(Fault(time.time(), f"SIGKILLed {victim.name}", victim.name))
         await victim.stop(signal.SIGKILL)
         soak.tally["agent kills"] += 1
         soak.slots[slot] = soak.start_worker(slot)
@@ -87,10 +89,12 @@ async def scheduled(soak: Soak) -> None:
 
 async def restart_conductor(soak: Soak, n: int) -> None:
     sig = signal.SIGKILL if n % 2 else signal.SIGTERM
+    soak.faults.append(Fault(time.time(), f"conductor restart {n}: {sig.name}"))
     code = await soak.conductors[-1].stop(sig)
     logger.info("Conductor stopped with %s (exit %s); restarting", sig.name, code)
     await asyncio.sleep(1.0)
     await soak.start_conductor()
+    soak.faults.append(Fault(time.time(), f"conductor restart {n}: a conductor ready"))
     soak.tally["conductor restarts"] += 1
 
 
@@ -98,11 +102,13 @@ async def conductor_outage(soak: Soak, n: int) -> None:
     """Every conductor stopped (SIGTERM) for `--outage-s`, longer than RIG_AGENT_DOWN_MS: the
     agents keep running and retry their heartbeats."""
     stopped = [c for c in soak.conductors if c.alive()]
+    soak.faults.append(Fault(time.time(), f"conductor outage {n}: every conductor stopped"))
     await asyncio.gather(*(c.stop(signal.SIGTERM) for c in stopped))
     began = time.monotonic()
     logger.info("Every conductor stopped (outage %d); starting one in %gs", n, soak.opts.outage_s)
     await asyncio.sleep(soak.opts.outage_s)
     await soak.start_conductor()
+    soak.faults.append(Fault(time.time(), f"conductor outage {n} over: a conductor ready"))
     soak.tally["conductor outages"] += 1
     logger.info("Conductor outage %d over after %.1fs", n, time.monotonic() - began)
 
@@ -110,17 +116,20 @@ async def conductor_outage(soak: Soak, n: int) -> None:
 async def postgres_outage(soak: Soak, n: int) -> None:
     """PostgreSQL stopped (fast: sessions cut) for `--outage-s`, then started on its port."""
     began = time.monotonic()
+    soak.faults.append(Fault(time.time(), f"PostgreSQL outage {n}: stopping"))
     await asyncio.to_thread(soak.postgres.stop)
     logger.info("PostgreSQL stopped (outage %d); starting it in %gs", n, soak.opts.outage_s)
     await asyncio.sleep(soak.opts.outage_s)
     await asyncio.to_thread(soak.postgres.start)
+    soak.faults.append(Fault(time.time(), f"PostgreSQL outage {n} over: started"))
     soak.tally["postgres restarts"] += 1
     logger.info("PostgreSQL outage %d over after %.1fs", n, time.monotonic() - began)
 
 
 async def restart_redis(soak: Soak, n: int) -> None:
     """Redis restarted empty: every stream, group, pending list and marker gone at once."""
-    soak.redis_restarted_at.append(time.time())
+    soak.faults.append(Fault(time.time(), f"Redis restart {n}: SHUTDOWN NOSAVE"))
     await asyncio.to_thread(soak.redis_server.restart_empty)
+    soak.faults.append(Fault(time.time(), f"Redis restart {n}: started again, empty"))
     soak.tally["redis restarts"] += 1
     logger.info("Redis restarted empty (%d)", n)

@@ -14,10 +14,9 @@ import contextlib
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -134,40 +133,6 @@ def read_logs(texts: Iterable[str], stream: str) -> ConductorLogs:
     return found
 
 
-def lost_with_redis(
-    missing: Iterable[str],
-    accepted: Mapping[str, tuple[str, int, str, float]],
-    *,
-    out: Path,
-    killed: Mapping[str, float],
-    restarts: Sequence[float],
-    runtime_logs: Mapping[str, str],
-) -> set[str]:
-    """The missing effects a Redis restart took with it, of `missing` (issue -> its accepted
-    (entry id, attempt, consumer, when)): the accepted attempt's staged file is still there,
-    never renamed; its agent was SIGKILLed before renaming it; Redis restarted empty after the
-    acceptance; and no other runtime ever took the entry up (none logged it: `runtime_logs`,
-    consumer -> its log), so none had the chance to finish the commit before the intent was
-    gone. (Reclaims can hand the entry on to runtimes busy with a hung entry or killed in turn,
-    that never read it.) What would let one
-    finish it, the intent, lived in Redis: a known limit of staged writes (docs/benchmarks.md),
-    reported apart so that any other missing effect still fails."""
-    from rig_conductor.agent import staging
-
-    found = set()
-    for issue in missing:
-        entry_id, attempt, consumer, at = accepted[issue]
-        final = out / f"{issue}--{entry_id}.a{attempt}.json"
-        staged = staging.temp_path(final, entry_id=entry_id, attempt=attempt)
-        restart = min((r for r in restarts if r >= at), default=None)
-        if not staged.exists() or consumer not in killed or restart is None:
-            continue
-        others = (text for name, text in runtime_logs.items() if name != consumer)
-        if not any(f"Entry {entry_id} " in text for text in others):
-            found.add(issue)
-    return found
-
-
 def live_reclaims(
     reclaims: Iterable[Reclaim], lifetimes: Mapping[str, tuple[float, float | None]]
 ) -> list[Reclaim]:
@@ -195,13 +160,6 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
         (soak.tenant, soak.stream),
     )
     fenced = await rows.fetchone()
-    rows = await db.execute(
-        "SELECT issue_id, entry_id, attempt, consumer, extract(epoch FROM occurred_at) "
-        "FROM events WHERE tenant = %s AND stream = %s AND kind = 'WORK_COMPLETED' AND NOT fenced "
-        f"AND {NOT_CARRIED}",
-        (soak.tenant, soak.stream),
-    )
-    accepted = {i: (e, a, c, float(t)) for i, e, a, c, t in await rows.fetchall()}
     effects: dict[str, list[tuple[str, int]]] = defaultdict(list)
     for path in soak.out.glob("*.json"):
         effect = json.loads(path.read_text())
@@ -221,17 +179,8 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
         or len(final.completed.get(issue, ())) > 1
         or any(f not in final.completed.get(issue, ()) for f in effects[issue])
     }
-    missing = {i for i in completed - soak.poison if not effects[i] and i not in double}
-    runtimes = [c for c in soak.children if c not in soak.conductors]
-    with_redis = lost_with_redis(
-        missing,
-        accepted,
-        out=soak.out,
-        killed=soak.killed,
-        restarts=soak.redis_restarted_at,
-        runtime_logs={c.name: c.log.read_text(errors="replace") for c in runtimes},
-    )
-    missing -= with_redis
+    # Every completed issue without its committed file, whatever happened to it meanwhile.
+    missing = {i for i in completed if not effects[i] and i not in double}
     other_letters = letters - soak.poison
     opts, tally = soak.opts, soak.tally
     lines = [
@@ -250,7 +199,6 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
         f"pending entries left: {len(final.pending)} (undelivered: {len(final.undelivered)})",
         f"double-committed effects: {len(double)}",
         f"missing effects: {len(missing)}",
-        f"effects lost to a kill and a Redis restart: {len(with_redis)}",
         f"fenced reports: {fenced[0] if fenced else 0}",
         f"reclaims: {len(logs.reclaims)}",
         "reclaims by reason: "
@@ -277,14 +225,42 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
     problems |= {"non-poison dead-lettered": other_letters, "dispatched twice": set(twice)}
     problems |= {"not dispatched": set(soak.issues) - dispatched}
     problems |= {"live agents reclaimed": {r.entry_id for r in live}}
-    listed = problems | {"effects lost to a kill and a Redis restart (a known limit)": with_redis}
-    for name, issues in listed.items():
+    for name, issues in problems.items():
         if issues:
             shown = sorted(issues)
             lines.append(f"{name}: {', '.join(shown[:20])}{' ...' if len(shown) > 20 else ''}")
+    stories = {"missing effect": missing, "double-committed": double, "lost": lost}
+    lines += await timelines(soak, db, stories, effects)
     if not settled:
         lines.append(f"did not settle within {opts.timeout:g}s")
     failed = any(problems.values()) or not settled
     lines.append(f"result: {'FAIL' if failed else 'PASS'}")
     print("\n".join(lines), flush=True)
     return failed
+
+
+async def timelines(
+    soak: Soak,
+    db: Any,
+    stories: Mapping[str, set[str]],
+    effects: Mapping[str, list[tuple[str, int]]],
+) -> list[str]:
+    """The timeline of every issue of `stories` (what is wrong -> those issues)."""
+    from chaos_timeline import timeline
+
+    agents = {c.name: c.log.read_text(errors="replace") for c in soak.children}
+    agents = {name: text for name, text in agents.items() if name.startswith("chaos-")}
+    lines: list[str] = []
+    for what, issues in stories.items():
+        for issue in sorted(issues):
+            known = [soak.entries.get(issue, ""), *(entry for entry, _ in effects.get(issue, []))]
+            lines += await timeline(
+                db,
+                tenant=soak.tenant,
+                issue=issue,
+                what=what,
+                entry_ids=known,
+                logs=agents,
+                faults=soak.faults,
+            )
+    return lines

@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
-# Hunt flaky tests: run the timing-sensitive tiers (end-to-end and Redis topologies) RUNS times
-# in a row and count what failed in each round. Every round runs to its end, so one failure does
-# not hide another; the summary lists every failed test with the rounds it failed in.
+# Hunt flaky tests: run the suite RUNS times in a row and count what failed in each round.
+# Every round runs to its end, so one failure does not hide another; the summary lists every
+# failed test with the rounds it failed in.
 #
-#   scripts/flake.sh [RUNS] [pytest args...]      (make flake RUNS=10)
+#   scripts/flake.sh [RUNS] [pytest args...]      (make flake RUNS=10 LOAD=3 ARGS='tests/e2e')
+#
+# Without pytest args a round is every tier `make test` runs (unit, integration, the Spark
+# audit, end-to-end, topologies, browser); name paths to hunt fewer, e.g. the timing-sensitive
+# `tests/e2e tests/topologies tests/browser`.
+#
+# LOAD=N (default 0) keeps N busy-loop processes spinning for the whole hunt, a machine already
+# loaded by another run: at least WORKERS of them load it as CI's own parallel workers do. They
+# are killed when the hunt ends, however it ends (Ctrl-C included).
 #
 # The servers are whatever the suite would use: the embedded ones unless RIG_TEST_REDIS_URL and
 # RIG_TEST_DATABASE_URL name others. Each round shares its tests among WORKERS pytest-xdist
-# workers (default 3, as `make test` does), so they run as loaded as in CI. Reports land in
-# .artifacts/flake/round-N.xml.
+# workers (default 3, as `make test` does). Reports land in .artifacts/flake/round-N.{xml,log}.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 runs="${1:-10}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(tests/e2e tests/topologies)
+((${#targets[@]})) || targets=(tests --ignore=tests/install --ignore=tests/image --ignore=tests/chart)
+load="${LOAD:-0}"
+if ! [[ "$runs" =~ ^[1-9][0-9]*$ && "$load" =~ ^[0-9]+$ ]]; then
+  echo "flake: RUNS must be a whole number >= 1 and LOAD >= 0 (got RUNS=$runs LOAD=$load)" >&2
+  exit 2
+fi
 out="${RIG_ARTIFACTS_DIR:-$PWD/.artifacts}/flake"
 rm -rf "$out"
 mkdir -p "$out"
+
+hogs=()
+stop_hogs() {
+  ((${#hogs[@]})) && kill "${hogs[@]}" 2>/dev/null
+  wait "${hogs[@]}" 2>/dev/null
+  hogs=()
+}
+trap stop_hogs EXIT
+trap 'stop_hogs; exit 130' INT
+trap 'stop_hogs; exit 143' TERM
+for _ in $(seq 1 "$load"); do
+  (while :; do :; done) &
+  hogs+=($!)
+done
+((load)) && echo "load: $load busy-loop processes (pids ${hogs[*]})"
 
 failed_rounds=0
 for round in $(seq 1 "$runs"); do
@@ -32,14 +59,15 @@ for round in $(seq 1 "$runs"); do
     grep -E '^(FAILED|ERROR) ' "$out/round-$round.log" | sed 's/^/    /'
   fi
 done
+stop_hogs
 
-.venv/bin/python - "$out" "$runs" <<'EOF'
+.venv/bin/python - "$out" "$runs" "$load" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
 
-out, runs = Path(sys.argv[1]), int(sys.argv[2])
+out, runs, load = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 failures: dict[str, list[int]] = defaultdict(list)
 executed = 0
 for round_ in range(1, runs + 1):
@@ -51,8 +79,9 @@ for round_ in range(1, runs + 1):
         executed += 1
         if case.find("failure") is not None or case.find("error") is not None:
             failures[f"{case.get('classname')}::{case.get('name')}"].append(round_)
-print(f"{runs} rounds, {executed} tests run, {sum(map(len, failures.values()))} failures")
+loaded = f", under {load} busy-loop processes" if load else ""
+print(f"{runs} rounds{loaded}, {executed} tests run, {sum(map(len, failures.values()))} failures")
 for name, rounds in sorted(failures.items()):
     print(f"  {name}: failed in round(s) {', '.join(map(str, rounds))}")
-EOF
+PY
 ((failed_rounds == 0))

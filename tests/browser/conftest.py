@@ -4,6 +4,10 @@ Nothing is downloaded: Playwright launches the system browser by path (`RIG_TEST
 else `chromium` on PATH). Off CI a machine without it skips these tests; with `CI` set they
 fail instead, so CI never passes by skipping the browser. Screenshots go to
 `RIG_ARTIFACTS_DIR` (default `.artifacts/`), which CI keeps.
+
+The tests wait on conditions, never on a time: the state they check is in place first (through
+the API or the database), then the page, once it says it is ready (`settled`). Every `expect`
+is bounded by BOUND_MS, long enough that only a fault reaches it on a loaded machine.
 """
 
 from __future__ import annotations
@@ -14,11 +18,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, async_playwright
+from playwright.async_api import Browser, Page, async_playwright, expect
 
 from tests import needs
 
 REPO = Path(__file__).resolve().parents[2]
+# The bound of every `expect` (Playwright's own default, 5 s, is a measure of speed on a quiet
+# machine): a condition met in time on a quiet one can take several times longer on a loaded one.
+BOUND_MS = 45_000
+BOUND_S = BOUND_MS / 1000  # the same, for wait_for
+expect.set_options(timeout=BOUND_MS)
+
+
+async def settled(page: Page) -> None:
+    """Until the page says it is ready: drawn, and htmx settled with nothing in flight
+    (console.js sets `data-ready` on <body>)."""
+    await expect(page.locator("body[data-ready]")).to_have_count(1)
 
 
 def chromium_path() -> str:

@@ -19,7 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.e2e.fleet import GROUP, ONE_READ, STREAM, Fleet, conductor_env, heard_from, pending
 from tests.integration.helpers import serve, wait_for
 
-pytestmark = pytest.mark.timeout(120)
+from .conftest import BOUND_S, settled
+
+pytestmark = pytest.mark.timeout(240)
 
 OPERATOR, VIEWER = "op-browser-secret-0001", "viewer-browser-secret-01"
 AGENT = "agent-browser-secret-01"
@@ -45,6 +47,7 @@ async def sign_in(page: Page, base: str, token: str) -> None:
     await page.fill("#token", token)
     await page.click("button[type=submit]")
     await expect(page.locator("header .role")).to_be_visible()
+    await settled(page)
 
 
 async def dispatch(api: httpx.AsyncClient, issue: str) -> str:
@@ -98,15 +101,15 @@ async def stuck(
         fleet_env = {"E2E_OUT_DIR": str(out), "RIG_API_TOKEN": AGENT}
         with Fleet(redis_url, conductor.url, tmp_path, fleet_env) as fleet:
             victim = fleet.start(*VICTIM, E2E_FAIL_FIRST="3", E2E_HOLD_FILE=str(hold), **ONE_READ)
-            await wait_for(lambda: heard_from(api, victim.consumer), within=30)
+            await wait_for(lambda: heard_from(api, victim.consumer), within=BOUND_S)
             for n in range(1, 7):
                 await dispatch(api, f"rc-{n}")
-            await wait_for(lambda: (out / f"holding-{victim.consumer}").exists(), within=20)
+            await wait_for(lambda: (out / f"holding-{victim.consumer}").exists(), within=BOUND_S)
             held = set(await pending(redis, victim.consumer))
             assert len(held) >= 4, held  # three failed builds and the one in progress
             victim.kill()
             survivor = fleet.start(*SURVIVOR)
-            await wait_for(lambda: heard_from(api, survivor.consumer), within=30)
+            await wait_for(lambda: heard_from(api, survivor.consumer), within=BOUND_S)
             yield conductor.url, api, fleet, held
 
 
@@ -120,7 +123,7 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     victim = VICTIM[1]
     # The views show what the last scan measured, and this conductor's schedule is off: a dry
     # run once the victim's heartbeat is stale measures what the operator is about to see.
-    await wait_for(lambda: agent_down(api, VICTIM[0]), within=15)
+    await wait_for(lambda: agent_down(api, VICTIM[0]), within=BOUND_S)
     assert (await api.post("/api/reaper/scan", params={"dryRun": "true"})).status_code == 200
     kept = await plant_dead_letter(redis, "rc-dead-keep")
     dropped = await plant_dead_letter(redis, "rc-dead-drop")
@@ -132,7 +135,7 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
 
     # Overview: the group shows what the down consumer holds (once its heartbeat is stale).
     row = page.locator("#groups tbody tr", has_text=GROUP)
-    await expect(row).to_have_class(re.compile("bad"), timeout=15_000)
+    await expect(row).to_have_class(re.compile("bad"))
     await expect(row.locator("td").nth(6)).to_have_text(str(len(held)))
     await expect(page.locator("#plot canvas")).to_have_count(1)
     # A few scans' points: the time axis spans minutes, not the years uPlot picks by itself.
@@ -185,7 +188,7 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     assert set(await pending(redis, victim)) == held - {first}
     await page.click("#apply")
     await expect(page.locator("#report h2")).to_have_text("Scan done")
-    await wait_for(lambda: _none_left(redis, victim), within=10)
+    await wait_for(lambda: _none_left(redis, victim), within=BOUND_S)
 
     # Reclaim history shows the moves, with their reason.
     await page.click("header nav >> text=Reclaims")
@@ -298,16 +301,19 @@ async def test_pages_refresh_on_their_own_only_while_the_tab_is_visible(
         await expect(page.locator("#groups tbody tr")).to_have_text(re.compile("No consumer"))
         await redis.xgroup_create(STREAM, "late-group", id="0", mkstream=True)
         assert (await api.post("/api/reaper/scan", params={"dryRun": "true"})).status_code == 200
-        # No reload: the live part is fetched again within its period (5 s), with what the
-        # scan measured.
-        await expect(page.locator("#groups")).to_contain_text("late-group", timeout=8_000)
+        # No reload: the live part is fetched again on its period (5 s), with what the scan
+        # measured.
+        await expect(page.locator("#groups")).to_contain_text("late-group")
         assert polls and "/ui" in polls[0]
-        # Hidden tab: no more polling.
+        # Hidden tab: no more polling. A poll sent before it was hidden has settled first.
         await page.evaluate(
             "Object.defineProperty(document, 'visibilityState', {value: 'hidden'});"
             "document.dispatchEvent(new Event('visibilitychange'));"
         )
+        await settled(page)
         before = len(polls)
+        # An absence takes time to show: longer than the period, and more than one tick of
+        # console.js's one-second timer.
         await page.wait_for_timeout(7_000)
         assert len(polls) == before
 
@@ -324,9 +330,7 @@ async def test_a_page_whose_session_ended_goes_to_sign_in_whole(
         await page.click("header nav >> text=Agents")
         await expect(page).to_have_url(re.compile(r"/ui/agents$"))
         await context.clear_cookies()
-        await expect(page).to_have_url(
-            re.compile(r"/ui/login\?next=%2Fui%2Fagents$"), timeout=10_000
-        )
+        await expect(page).to_have_url(re.compile(r"/ui/login\?next=%2Fui%2Fagents$"))
         await expect(page.locator("#token")).to_be_visible()
         assert await page.locator("#live").count() == 0
         await context.close()

@@ -21,6 +21,7 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 
 from rig_conductor import demo
+from tests.integration.helpers import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -106,18 +107,23 @@ async def test_the_demo_keeps_a_live_console_until_ctrl_c(
         )
         page = await browser.new_page(viewport={"width": 1400, "height": 900})
         await page.goto(f"{url}/reclaims")  # no tokens in the demo: no sign-in
+        await settled(page)
         await expect(page.locator("#reclaims")).to_contain_text("No reclaims")
         rows = page.locator("#reclaims tbody tr", has_text=demo.DOOMED_AGENT)
         await expect(rows.first).to_be_visible(timeout=60_000)  # arrives without a reload
-        await expect(rows).to_have_count(len(demo.DOOMED), timeout=15_000)
-        for n in range(len(demo.DOOMED)):
-            await expect(rows.nth(n)).to_contain_text(demo.LIVE[1])
-            await expect(rows.nth(n)).to_contain_text("down")
+        # Every build ends with builder-a. builder-b's consumers turn down up to a heartbeat
+        # apart (more on a loaded machine): a scan in between may first move one's entry to
+        # another builder-b consumer, still alive by its evidence (rule 5), and a later scan
+        # moves it on. So: as many moves to builder-a as doomed builds, every move `down`.
+        to_live = rows.filter(has_text=demo.LIVE[1])
+        await expect(to_live).to_have_count(len(demo.DOOMED), timeout=90_000)
+        for row in await rows.all_inner_texts():
+            assert "down" in row, row
 
         # The summary agrees with the API's figures of that moment.
         summary, pending, reclaimed_then = await figures
         assert json.loads(summary["pending"]) == pending
-        assert int(summary["reclaimed"]) == reclaimed_then == len(demo.DOOMED)
+        assert int(summary["reclaimed"]) == reclaimed_then >= len(demo.DOOMED)
         assert summary["done"] == summary["issues"] == str(len(demo.ISSUES))
 
         # A live fleet afterwards: builder-a and builder-c up, builder-b down; new work moving.
@@ -129,12 +135,13 @@ async def test_the_demo_keeps_a_live_console_until_ctrl_c(
         await live_work_seen(page, url)
         await page.screenshot(path=screenshots / "demo-group.png", full_page=True)
         await page.goto(url)
+        await settled(page)
         scans = page.locator("#scans tbody tr", has_text="scan")
         await expect(scans.nth(2)).to_be_visible(timeout=30_000)
         reclaimed = await page.evaluate(
             "() => JSON.parse(document.querySelector('script.series').textContent).reclaimed"
         )
-        assert sum(reclaimed) == len(demo.DOOMED), reclaimed
+        assert sum(reclaimed) == entries_moved, reclaimed
         await expect(page.locator("#plot canvas")).to_have_count(1)
         await page.screenshot(path=screenshots / "demo-overview.png", full_page=True)
     finally:
@@ -149,5 +156,5 @@ async def test_the_demo_keeps_a_live_console_until_ctrl_c(
     stopped = STOPPED.fullmatch(last)
     assert stopped, last
     assert int(stopped["issues"]) > len(demo.ISSUES)  # work went on after the story
-    assert int(stopped["reclaimed"]) == len(demo.DOOMED)
-    assert err.read_text().count("[StreamReclaim] Reclaimed") == len(demo.DOOMED)
+    assert int(stopped["reclaimed"]) >= len(demo.DOOMED)
+    assert err.read_text().count("[StreamReclaim] Reclaimed") >= len(demo.DOOMED)

@@ -15,7 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from tests.e2e.fleet import conductor_env
 from tests.integration.helpers import fill, read, register, serve
 
-pytestmark = pytest.mark.timeout(120)
+from .conftest import settled
+
+pytestmark = pytest.mark.timeout(240)
 
 VIEWER, AGENT = "viewer-streams-secret", "agent-streams-secret"
 STREAMS = [f"page:{n:02}" for n in range(25)]
@@ -54,12 +56,14 @@ async def test_the_streams_and_a_big_groups_consumers_page(
         await page.fill("#token", VIEWER)
         await page.click("button[type=submit]")
         await expect(page).to_have_url(re.compile(r"/ui/streams$"))
+        await settled(page)
 
         rows = page.locator("#groups tbody tr")
         await expect(rows).to_have_count(20)
         first = await page.locator("#groups tbody tr td:first-child").all_inner_texts()
         await page.click("#next")
         await expect(page).to_have_url(re.compile(r"/ui/streams\?after=page%3A19$"))
+        await settled(page)
         await expect(rows).to_have_count(5)
         second = await page.locator("#groups tbody tr td:first-child").all_inner_texts()
         assert first + second == STREAMS

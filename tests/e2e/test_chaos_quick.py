@@ -1,7 +1,8 @@
 """The chaos soak's quick run (`bench/chaos.py --quick`) on a PostgreSQL and a Redis of its own:
 agents SIGKILLed at random, one conductor restart, PostgreSQL stopped and started, every
 conductor stopped longer than RIG_AGENT_DOWN_MS, Redis restarted empty, poison issues; nothing
-lost, nothing done twice, no live agent reclaimed because of a blind spell."""
+lost, nothing done twice, no completed issue without its output (none excused), no live agent
+reclaimed because of a blind spell. A failure's output holds each wrong issue's timeline."""
 
 from __future__ import annotations
 

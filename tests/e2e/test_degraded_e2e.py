@@ -37,9 +37,10 @@ CODEX = ("review-e-codex", "review-e-codex-rig-agent-runtime-0")
 HEALTHY = [("review-e", f"review-e-rig-agent-runtime-{n}") for n in range(3)]
 ISSUES = [f"rv-{n}" for n in range(1, 21)]
 GRACE_S, SCAN_S = 1.5, 0.5
-# Beyond the reaper's grace + 2 scan intervals: a survivor's next read of its own pending list
-# (RIG_SCAN_INTERVAL_S 1 s for the agents) and handling its share of 20 entries.
-HANDLING_S = 4.0
+# How long codex's quota stays exhausted: every review must be done well before it recovers.
+# (How soon after the grace they move is the reaper's timing, table-tested in policy; here,
+# on a loaded machine, four agents' reads and handling can take any few seconds.)
+DEGRADED_PAUSE_S = 600
 
 
 async def first_degraded_heartbeat(engine: AsyncEngine, consumer: str) -> object:
@@ -84,7 +85,7 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
                 **where,
                 handler="tests.e2e.handlers:review",
                 E2E_DEGRADED_CALLS="20",
-                E2E_DEGRADED_PAUSE_S="600",
+                E2E_DEGRADED_PAUSE_S=str(DEGRADED_PAUSE_S),
             )
             healthy = [fleet.start(*agent, **where) for agent in HEALTHY]
             # Generous: four agent processes start at once, and a loaded CI machine is slow.
@@ -108,7 +109,9 @@ async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(
     for entry_id in entries.values():
         (done,) = completions[entry_id]  # exactly once
         assert done.consumer in healthy_names
-        assert done.at - degraded_at <= timedelta(seconds=GRACE_S + 2 * SCAN_S + HANDLING_S)
+        # Taken over once the grace had passed, and without waiting for codex to recover.
+        waited = done.at - degraded_at
+        assert timedelta(seconds=GRACE_S) <= waited < timedelta(seconds=DEGRADED_PAUSE_S), waited
     # Spread over the three healthy consumers, not piled onto one.
     by_consumer = {c: sum(d.consumer == c for (d,) in completions.values()) for c in healthy_names}
     assert min(by_consumer.values()) >= 4, by_consumer

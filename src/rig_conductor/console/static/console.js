@@ -4,7 +4,10 @@
 // - the live part of a page (#live, data-refresh="<seconds>") is fetched again on that period
 //   through htmx, only while the tab is visible, and not while the operator has rows selected
 //   or is typing in it;
-// - the pending/reclaims plot (uPlot), redrawn when htmx swaps in fresh numbers.
+// - the pending/reclaims plot (uPlot), redrawn when htmx swaps in fresh numbers;
+// - data-ready on <body> once the page is drawn and htmx has settled what it fetched: taken off
+//   while a live part is being fetched, its value the number of times the page has settled
+//   (whoever waits on the page, the browser tests among them, waits for this, not for a time).
 (function () {
   "use strict";
 
@@ -105,10 +108,30 @@
     htmx.ajax("GET", live.getAttribute("data-src"), { target: "#live", swap: "outerHTML" });
   }
 
+  var settles = 0;
+
+  function settled() {
+    settles += 1;
+    document.body.setAttribute("data-ready", String(settles));
+  }
+
+  function fetching() {
+    document.body.removeAttribute("data-ready");
+  }
+
   setInterval(tick, 1000);
   document.addEventListener("visibilitychange", tick);
-  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("DOMContentLoaded", function () {
+    draw();
+    if (typeof htmx !== "undefined") settled(); // else the live parts never refresh: not ready
+  });
   document.addEventListener("htmx:afterSwap", draw);
+  document.addEventListener("htmx:beforeRequest", fetching);
+  document.addEventListener("htmx:afterSettle", settled);
+  // A failed fetch swaps nothing in: the page stays as it was, settled.
+  document.addEventListener("htmx:afterRequest", function (event) {
+    if (!event.detail.successful) settled();
+  });
   document.body && document.body.addEventListener("htmx:configRequest", function (event) {
     event.detail.headers["X-CSRF-Token"] = document.body.getAttribute("data-csrf");
   });
