@@ -100,7 +100,7 @@ class World:
             self.engine,
             tenant=TENANT,
             report=work.WorkReport(
-                kind, agent_of(consumer), stream, entry, consumer=consumer, attempt=attempt
+                kind, agent_of(consumer), stream, entry, consumer=consumer, attempt=attempt, group=G
             ),
         )
 

@@ -22,7 +22,7 @@ from ..helpers import fill, read, register
 from .standin import Fault, KubeStandIn
 
 S, G = "rig:dispatch", "workers"
-DOWN_MS = 300
+DOWN_MS = 1500  # long enough for a scan and a sweep on a loaded machine
 LABELS = {"app": "rig-agent"}
 SCALED_DOWN = "dev-e-rig-agent-runtime-2"  # the one consumer that must go
 HOLDS_WORK = "dev-e-rig-agent-runtime-3"
@@ -98,6 +98,9 @@ async def test_deletes_only_empty_consumers_of_gone_pods_with_stale_heartbeats(
     assert [r.consumer for r in planned] == [SCALED_DOWN]
     assert SCALED_DOWN in await consumers(redis)
 
+    # The live agent keeps heartbeating: on a loaded machine the dry run alone can outlast
+    # RIG_AGENT_DOWN_MS, and a consumer that heartbeats is never swept.
+    await beat(engine, RUNNING, JUST_HEARTBEATED)
     deleted = await sweep(redis, engine, settings, evidence)
     assert [r.consumer for r in deleted] == [SCALED_DOWN]
     assert await consumers(redis) == {HOLDS_WORK, RUNNING, JUST_HEARTBEATED, OUTSIDE}
