@@ -409,7 +409,7 @@ class Agent:
     async def _run(
         self, entry_id: str, fields: dict[str, str], issue: str | None, reopened: str = ""
     ) -> tuple[str, int | None]:
-        started = await self._start(entry_id, issue, reopened)
+        started = await self._settler.start(entry_id, issue, reopened)
         if isinstance(started, tuple):
             return started
         attempt = started
@@ -443,31 +443,6 @@ class Agent:
             with contextlib.suppress(ConductorUnavailable, ConductorRejected):
                 await self._beat()  # the conductor's grace period starts now, not a beat later
         return f"failed, left pending: {error.splitlines()[0] if error else ''}", attempt
-
-    async def _start(
-        self, entry_id: str, issue: str | None, reopened: str
-    ) -> int | tuple[str, int | None]:
-        """WORK_STARTED: the attempt to run, or what became of the entry when there is none (a
-        done entry is published and acked here; one whose outputs were lost runs again)."""
-        try:
-            answer = await self._conductor.work_started(
-                stream=self.stream, entry_id=entry_id, issue_id=issue
-            )
-        except ConductorUnavailable as exc:
-            self._conductor_down = True
-            return f"left pending: conductor unreachable for WORK_STARTED ({exc})", None
-        except ConductorRejected as exc:
-            return f"left pending: WORK_STARTED rejected ({exc})", None
-        if isinstance(answer, FencedAnswer):
-            if answer.done and not reopened:
-                outcome = await self._settler.recover(entry_id, issue, answer)
-                if settle.REOPENED in outcome:
-                    return await self._start(entry_id, issue, reopened=outcome)
-                return outcome, answer.attempt
-            return f"{answer.detail} (attempt {answer.attempt}, {answer.state}); not acked", None
-        if reopened:
-            logger.warning("Entry %s runs again: %s", entry_id, reopened)
-        return answer.attempt
 
     def _after_failure(self, entry_id: str, result: HandlerResult) -> str:
         """Remember what a failed call means for what comes next; the error text to report."""

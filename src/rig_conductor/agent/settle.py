@@ -1,4 +1,5 @@
-"""Finishing an entry: the completion and its staged files' publication, and the dead-letter path.
+"""Starting and finishing an entry: its attempt, the completion and its staged files'
+publication, and the dead-letter path.
 
 A completion reports the files its attempt staged; the conductor records them in the
 transaction that accepts it. Only then are they renamed onto their paths (published), reported
@@ -31,7 +32,8 @@ REOPENED = "reopened"
 
 
 class Settler:
-    """Settles the entries of one consumer of one group: completes, publishes, dead-letters."""
+    """Settles the entries of one consumer of one group: starts, completes, publishes,
+    dead-letters."""
 
     def __init__(
         self,
@@ -51,6 +53,31 @@ class Settler:
         self.consumer = consumer
         self._stop = stop
         self._on_conductor_down = on_conductor_down
+
+    async def start(
+        self, entry_id: str, issue: str | None, reopened: str = ""
+    ) -> int | tuple[str, int | None]:
+        """WORK_STARTED: the attempt to run, or what became of the entry when there is none (a
+        done entry is published and acked here; one whose outputs were lost runs again)."""
+        try:
+            answer = await self._conductor.work_started(
+                stream=self.stream, entry_id=entry_id, issue_id=issue
+            )
+        except ConductorUnavailable as exc:
+            self._on_conductor_down()
+            return f"left pending: conductor unreachable for WORK_STARTED ({exc})", None
+        except ConductorRejected as exc:
+            return f"left pending: WORK_STARTED rejected ({exc})", None
+        if isinstance(answer, FencedAnswer):
+            if answer.done and not reopened:
+                outcome = await self.recover(entry_id, issue, answer)
+                if REOPENED in outcome:
+                    return await self.start(entry_id, issue, reopened=outcome)
+                return outcome, answer.attempt
+            return f"{answer.detail} (attempt {answer.attempt}, {answer.state}); not acked", None
+        if reopened:
+            logger.warning("Entry %s runs again: %s", entry_id, reopened)
+        return answer.attempt
 
     async def dead_letter(
         self, entry_id: str, issue: str | None, reason: str

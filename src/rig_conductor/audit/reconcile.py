@@ -16,104 +16,84 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    ArrayType,
-    BooleanType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
+
+from rig_conductor.audit.vocabulary import (
+    BY_SEVERAL_CONSUMERS as BY_SEVERAL_CONSUMERS,
 )
-
-ISSUE_ASSIGNED = "ISSUE_ASSIGNED"
-WORK_STARTED = "WORK_STARTED"
-WORK_COMPLETED = "WORK_COMPLETED"
-WORK_FAILED = "WORK_FAILED"
-WORK_PROGRESS = "WORK_PROGRESS"
-WORK_PUBLISHED = "WORK_PUBLISHED"
-WORK_KINDS = (WORK_STARTED, WORK_PROGRESS, WORK_COMPLETED, WORK_FAILED)
-RECLAIMED = "RECLAIMED"
-DEAD_LETTERED = "DEAD_LETTERED"
-DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
-HEARTBEAT = "HEARTBEAT"
-CONSUMER_WITHOUT_HEARTBEAT = "CONSUMER_WITHOUT_HEARTBEAT"
-# The kinds whose `detail` the rules read; other rows may carry it as NULL. ISSUE_ASSIGNED's
-# `replaces` names the entry a dispatch Redis lost was appended again in place of;
-# WORK_COMPLETED's `outputs` counts the files it staged, WORK_PUBLISHED's `missing` the ones
-# found nowhere.
-DETAIL_KINDS = (
-    ISSUE_ASSIGNED,
-    RECLAIMED,
-    DEAD_LETTERED,
-    DEAD_LETTER_REQUEUED,
-    WORK_COMPLETED,
-    WORK_PUBLISHED,
+from rig_conductor.audit.vocabulary import (  # the vocabulary, as the rules' callers use it
+    COMPLETED as COMPLETED,
 )
-
-COMPLETED, DEAD, PENDING, LOST = "completed", "dead_lettered", "pending", "lost"
-IN_PEL, UNDELIVERED = "pel", "undelivered"
-BY_SEVERAL_CONSUMERS = "completed-by-several-consumers"
-OVERLAPPING_ATTEMPTS = "overlapping-attempts"
-
-ENTRY = ["stream", "entry_id"]
-
-# The `events` table as the audit reads it. `detail` is the JSON text (NULL where unused);
-# `entry_ids` lists the entries of a row about several (a reclaimed batch), else NULL.
-EVENTS_SCHEMA = StructType(
-    [
-        StructField("id", LongType(), False),
-        StructField("occurred_at", TimestampType(), False),
-        StructField("kind", StringType(), False),
-        StructField("agent_id", StringType()),
-        StructField("consumer", StringType()),
-        StructField("stream", StringType()),
-        StructField("group_name", StringType()),
-        StructField("entry_id", StringType()),
-        StructField("issue_id", StringType()),
-        StructField("attempt", IntegerType()),
-        StructField("fenced", BooleanType(), False),
-        StructField("detail", StringType()),
-        StructField("entry_ids", ArrayType(StringType())),
-    ]
+from rig_conductor.audit.vocabulary import (
+    CONSUMER_WITHOUT_HEARTBEAT as CONSUMER_WITHOUT_HEARTBEAT,
 )
-
-# An agent heard without a break (the liveness intervals, migration 0013): `beats` heartbeats
-# from `heard_from` to `heard_to`, no gap between two of them longer than RIG_AGENT_DOWN_MS.
-INTERVALS_SCHEMA = StructType(
-    [
-        StructField("agent_id", StringType(), False),
-        StructField("heard_from", TimestampType(), False),
-        StructField("heard_to", TimestampType(), False),
-        StructField("beats", LongType(), False),
-    ]
+from rig_conductor.audit.vocabulary import (
+    DEAD as DEAD,
 )
-
-# What Redis held when it was read: entries in a group's pending list (`pel`, with the owning
-# consumer) or still in the stream above a group's last-delivered id (`undelivered`).
-PENDING_SCHEMA = StructType(
-    [
-        StructField("stream", StringType(), False),
-        StructField("entry_id", StringType(), False),
-        StructField("group_name", StringType()),
-        StructField("consumer", StringType()),
-        StructField("state", StringType(), False),
-    ]
+from rig_conductor.audit.vocabulary import (
+    DEAD_LETTER_QUEUE_SCHEMA as DEAD_LETTER_QUEUE_SCHEMA,
 )
-
-# One letter of `<stream>:dlq`, whoever wrote it (the reaper or the agent runtime).
-DEAD_LETTER_QUEUE_SCHEMA = StructType(
-    [
-        StructField("stream", StringType(), False),
-        StructField("dlq_id", StringType(), False),
-        StructField("original_id", StringType()),
-        StructField("group_name", StringType()),
-        StructField("consumer", StringType()),
-        StructField("deliveries", IntegerType()),
-        StructField("reason", StringType()),
-        StructField("issue_id", StringType()),
-    ]
+from rig_conductor.audit.vocabulary import (
+    DEAD_LETTER_REQUEUED as DEAD_LETTER_REQUEUED,
+)
+from rig_conductor.audit.vocabulary import (
+    DEAD_LETTERED as DEAD_LETTERED,
+)
+from rig_conductor.audit.vocabulary import (
+    DETAIL_KINDS as DETAIL_KINDS,
+)
+from rig_conductor.audit.vocabulary import (
+    ENTRY as ENTRY,
+)
+from rig_conductor.audit.vocabulary import (
+    EVENTS_SCHEMA as EVENTS_SCHEMA,
+)
+from rig_conductor.audit.vocabulary import (
+    HEARTBEAT as HEARTBEAT,
+)
+from rig_conductor.audit.vocabulary import (
+    IN_PEL as IN_PEL,
+)
+from rig_conductor.audit.vocabulary import (
+    INTERVALS_SCHEMA as INTERVALS_SCHEMA,
+)
+from rig_conductor.audit.vocabulary import (
+    ISSUE_ASSIGNED as ISSUE_ASSIGNED,
+)
+from rig_conductor.audit.vocabulary import (
+    LOST as LOST,
+)
+from rig_conductor.audit.vocabulary import (
+    OVERLAPPING_ATTEMPTS as OVERLAPPING_ATTEMPTS,
+)
+from rig_conductor.audit.vocabulary import (
+    PENDING as PENDING,
+)
+from rig_conductor.audit.vocabulary import (
+    PENDING_SCHEMA as PENDING_SCHEMA,
+)
+from rig_conductor.audit.vocabulary import (
+    RECLAIMED as RECLAIMED,
+)
+from rig_conductor.audit.vocabulary import (
+    UNDELIVERED as UNDELIVERED,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_COMPLETED as WORK_COMPLETED,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_FAILED as WORK_FAILED,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_KINDS as WORK_KINDS,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_PROGRESS as WORK_PROGRESS,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_PUBLISHED as WORK_PUBLISHED,
+)
+from rig_conductor.audit.vocabulary import (
+    WORK_STARTED as WORK_STARTED,
 )
 
 
