@@ -9,7 +9,9 @@ RUNS ?= 10
 WORKERS ?= 3
 XDIST = -n $(WORKERS)
 
-.PHONY: ts docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image test-upgrade release check-release lint typecheck bench chaos chaos-quick chart lock clean
+AGENT ?= python
+
+.PHONY: conformance conformance-broken ts docs docs-serve docs-ref install run test test-unit test-servers flake test-install image test-image test-upgrade release check-release lint typecheck bench chaos chaos-quick chart lock clean
 
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -c 'import sys; sys.exit("rig-conductor needs Python >= 3.11") if sys.version_info < (3, 11) else None'
@@ -51,8 +53,8 @@ flake: install
 	WORKERS=$(WORKERS) LOAD=$(LOAD) scripts/flake.sh $(RUNS) $(ARGS)
 
 lint: install
-	$(BIN)/ruff check src tests bench migrations scripts
-	$(BIN)/ruff format --check src tests bench migrations scripts
+	$(BIN)/ruff check src tests bench migrations scripts conformance
+	$(BIN)/ruff format --check src tests bench migrations scripts conformance
 	$(BIN)/lint-imports
 
 typecheck: install
@@ -87,6 +89,15 @@ ts:
 	cd clients/typescript && npm ci --no-audit --no-fund && npm run build && npm test
 	mkdir -p "$(RIG_ARTIFACTS_DIR)/npm"
 	cd clients/typescript && npm pack --pack-destination "$(abspath $(RIG_ARTIFACTS_DIR))/npm"
+
+## The agent conformance suite (conformance/README.md): AGENT=python, typescript or a command line,
+## through every scenario of the protocol on real servers (embedded unless RIG_TEST_* are set).
+conformance: install
+	$(BIN)/python -m pytest $(XDIST) conformance/scenarios --agent="$(AGENT)"
+
+## Its negative tests: each scenario must fail against an agent that breaks its rule.
+conformance-broken: install
+	$(BIN)/python -m pytest $(XDIST) conformance/negative
 
 ## The container image without a Docker daemon (buildah; see scripts/build-image.sh).
 image:
