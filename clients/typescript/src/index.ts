@@ -5,12 +5,13 @@ import { ConductorClient } from "./conductor.js";
 import type { Handler } from "./entry.js";
 import { Agent, SHUTDOWN_GRACE_MS } from "./runtime.js";
 import { connect, connectNow, watchErrors } from "./redis.js";
-import { log } from "./log.js";
+import { log, setLogFormat } from "./log.js";
 import { consumerName, loadSettings, type Settings } from "./settings.js";
 import { TokenFile } from "./tokenFile.js";
 
 export type { Entry, Handler } from "./entry.js";
 export { AgentError, ConsumerInUse, Degraded, Fenced, LeaseLost, SettingsError } from "./errors.js";
+export type { LogFormat } from "./log.js";
 export type { Settings } from "./settings.js";
 export { loadSettings } from "./settings.js";
 export { TokenFileError } from "./tokenFile.js";
@@ -43,9 +44,11 @@ export interface RunAgentOptions {
 
 /** Run an agent until `options.signal` is aborted. Rejects with ConsumerInUse when another live
  * process holds the consumer name, LeaseLost when one takes it over, SettingsError for a bad
- * RIG_* value, RedisUnavailable when Redis cannot be reached at start. */
+ * RIG_* value, RedisUnavailable when Redis cannot be reached at start. Logs to stderr in
+ * `settings.logFormat` (RIG_LOG_FORMAT). */
 export async function runAgent(handler: Handler, options: RunAgentOptions): Promise<void> {
   const settings = options.settings ?? loadSettings();
+  if (settings.logFormat) setLogFormat(settings.logFormat);
   const consumer = options.consumer ?? consumerName(options.agentId);
   const stream = options.stream ?? settings.dispatchStream;
   const stop = new AbortController();
