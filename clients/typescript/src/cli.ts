@@ -1,12 +1,13 @@
 // `rig-agent`'s command line: arguments, the handler module, exit codes. Operator mistakes (a bad
-// RIG_* value, a bad --handler, a consumer name in use) end with one line on stderr and exit 2,
-// never a stack trace. Runs until SIGTERM/SIGINT (a second one abandons the entry in hand), then
-// exits 0.
+// RIG_* value, a bad --handler, a consumer name in use, a Redis user without a right an agent
+// needs) end with one line on stderr and exit 2, never a stack trace. Runs until SIGTERM/SIGINT
+// (a second one abandons the entry in hand), then exits 0.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 
+import { MissingPermission } from "./access.js";
 import { ConsumerInUse, LeaseLost, SettingsError } from "./errors.js";
 import type { Handler } from "./entry.js";
 import { runAgent } from "./index.js";
@@ -134,7 +135,7 @@ export async function main(argv: string[]): Promise<number> {
       settings,
     });
   } catch (error) {
-    if (error instanceof ConsumerInUse) {
+    if (error instanceof ConsumerInUse || error instanceof MissingPermission) {
       log.error(`Refusing to start: ${error.message}`);
       return EXIT_USAGE;
     }
