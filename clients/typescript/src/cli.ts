@@ -1,15 +1,17 @@
-// `rig-agent`'s command line: arguments, the handler module, exit codes. Operator mistakes (a bad RIG_* value, a bad
-// --handler, a consumer name in use) end with one line on stderr and exit 2, never a stack
-// trace. Runs until SIGTERM/SIGINT (a second one abandons the entry in hand), then exits 0.
+// `rig-agent`'s command line: arguments, the handler module, exit codes. Operator mistakes (a bad
+// RIG_* value, a bad --handler, a consumer name in use, a Redis user without a right an agent
+// needs) end with one line on stderr and exit 2, never a stack trace. Runs until SIGTERM/SIGINT
+// (a second one abandons the entry in hand), then exits 0.
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { parseArgs } from "node:util";
 
+import { MissingPermission } from "./access.js";
 import { ConsumerInUse, LeaseLost, SettingsError } from "./errors.js";
 import type { Handler } from "./entry.js";
 import { runAgent } from "./index.js";
-import { log } from "./log.js";
+import { jsonText, log, setLogFormat } from "./log.js";
 import { RedisUnavailable } from "./redis.js";
 import { describe, loadSettings } from "./settings.js";
 import { TokenFileError } from "./tokenFile.js";
@@ -95,6 +97,7 @@ export async function main(argv: string[]): Promise<number> {
   try {
     args = parseArguments(argv);
     settings = loadSettings();
+    setLogFormat(settings.logFormat);
     handler = await loadHandler(args.handler);
   } catch (error) {
     if (error instanceof UsageError || error instanceof SettingsError) {
@@ -106,7 +109,7 @@ export async function main(argv: string[]): Promise<number> {
   const stream = args.stream ?? settings.dispatchStream;
   log.info(
     `rig-agent ${args.agentId}: stream ${stream}, group ${args.group}, handler ${args.handler}, ` +
-      `effective configuration: ${JSON.stringify(describe(settings))}`,
+      `effective configuration: ${jsonText(describe(settings))}`,
   );
   const stop = new AbortController();
   const abandon = new AbortController();
@@ -132,7 +135,7 @@ export async function main(argv: string[]): Promise<number> {
       settings,
     });
   } catch (error) {
-    if (error instanceof ConsumerInUse) {
+    if (error instanceof ConsumerInUse || error instanceof MissingPermission) {
       log.error(`Refusing to start: ${error.message}`);
       return EXIT_USAGE;
     }

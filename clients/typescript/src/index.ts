@@ -1,16 +1,19 @@
 // @rig-conductor/agent: the agent runtime for Node. `runAgent(handler, options)` reads one
 // consumer group of one stream and runs `handler(entry)` per entry, as docs/protocol.md
 // (protocol version 2) says an agent must.
+import { MissingPermission, missingPermission, overPrivileged, overPrivilegedWarning } from "./access.js";
 import { ConductorClient } from "./conductor.js";
 import type { Handler } from "./entry.js";
 import { Agent, SHUTDOWN_GRACE_MS } from "./runtime.js";
-import { connect, connectNow, watchErrors } from "./redis.js";
-import { log } from "./log.js";
+import { type AnyRedis, connect, connectNow, watchErrors } from "./redis.js";
+import { log, setLogFormat } from "./log.js";
 import { consumerName, loadSettings, type Settings } from "./settings.js";
 import { TokenFile } from "./tokenFile.js";
 
 export type { Entry, Handler } from "./entry.js";
 export { AgentError, ConsumerInUse, Degraded, Fenced, LeaseLost, SettingsError } from "./errors.js";
+export { MissingPermission } from "./access.js";
+export type { LogFormat } from "./log.js";
 export type { Settings } from "./settings.js";
 export { loadSettings } from "./settings.js";
 export { TokenFileError } from "./tokenFile.js";
@@ -43,9 +46,12 @@ export interface RunAgentOptions {
 
 /** Run an agent until `options.signal` is aborted. Rejects with ConsumerInUse when another live
  * process holds the consumer name, LeaseLost when one takes it over, SettingsError for a bad
- * RIG_* value, RedisUnavailable when Redis cannot be reached at start. */
+ * RIG_* value, RedisUnavailable when Redis cannot be reached at start, MissingPermission when
+ * its Redis user may not run a command an agent needs. Logs to stderr in `settings.logFormat`
+ * (RIG_LOG_FORMAT). */
 export async function runAgent(handler: Handler, options: RunAgentOptions): Promise<void> {
   const settings = options.settings ?? loadSettings();
+  if (settings.logFormat) setLogFormat(settings.logFormat);
   const consumer = options.consumer ?? consumerName(options.agentId);
   const stream = options.stream ?? settings.dispatchStream;
   const stop = new AbortController();
@@ -67,6 +73,7 @@ export async function runAgent(handler: Handler, options: RunAgentOptions): Prom
   const lastBlockingError = watchErrors(blocking, () => undefined); // one voice is enough
   try {
     await connectNow(redis, lastError);
+    await checkRights(redis, stream, options.agentId);
     await connectNow(blocking, lastBlockingError);
     const conductor = new ConductorClient({
       baseUrl: settings.conductorUrl,
@@ -97,4 +104,13 @@ export async function runAgent(handler: Handler, options: RunAgentOptions): Prom
     blocking.disconnect();
     redis.disconnect();
   }
+}
+
+/** Refuse to start (MissingPermission) when the agent's Redis user may not run every command an
+ * agent needs on `stream` and on its own keys; warn when it may do more (the conductor's rights,
+ * one user shared by all): it keeps working. */
+async function checkRights(redis: AnyRedis, stream: string, agentId: string): Promise<void> {
+  const refused = await missingPermission(redis, stream, agentId);
+  if (refused !== undefined) throw new MissingPermission(refused);
+  if (await overPrivileged(redis, stream)) log.warn(overPrivilegedWarning(stream, agentId));
 }

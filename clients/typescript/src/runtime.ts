@@ -293,7 +293,17 @@ export class Agent {
     } finally {
       this.current = undefined;
     }
-    log.info(`Entry ${entryId} (issue ${ref.issueId ?? "-"}, attempt ${outcome[1] ?? "-"}): ${outcome[0]}`);
+    const [what, attempt] = outcome;
+    const { stream, group, consumer } = this.o;
+    log.info(`Entry ${entryId} (issue ${ref.issueId || "-"}, attempt ${attempt ?? "-"}): ${what}`, {
+      entryId,
+      issueId: ref.issueId ?? null,
+      attempt: attempt ?? null,
+      outcome: what,
+      stream,
+      group,
+      consumer,
+    });
   }
 
   private async handle(ref: WorkRef, fields: Record<string, string>): Promise<Outcome> {

@@ -3,6 +3,7 @@
 import { existsSync, statSync } from "node:fs";
 
 import { SettingsError } from "./errors.js";
+import { LOG_FORMATS, type LogFormat } from "./log.js";
 import { readToken, TokenFileError } from "./tokenFile.js";
 
 export type RedisMode = "standalone" | "cluster" | "sentinel";
@@ -24,6 +25,8 @@ export interface Settings {
   maxDeliveries: number;
   entryDeadlineMs: number;
   dispatchStream: string;
+  /** `text` or `json` (one object per line; `message` is the same sentence as in text). */
+  logFormat: LogFormat;
 }
 
 type Env = Record<string, string | undefined>;
@@ -168,6 +171,10 @@ export function loadSettings(env: Env = process.env): Settings {
   const positive = (n: number): string | null => (n > 0 ? null : "must be greater than 0");
   const dispatchStream = env["RIG_DISPATCH_STREAM"] ?? "rig:dispatch";
   if (dispatchStream === "") bad("RIG_DISPATCH_STREAM", "must not be empty");
+  const logFormat = (value(env, "RIG_LOG_FORMAT") ?? "text").trim().toLowerCase();
+  if (!(LOG_FORMATS as readonly string[]).includes(logFormat)) {
+    bad("RIG_LOG_FORMAT", "must be text or json", env["RIG_LOG_FORMAT"]);
+  }
   return {
     redisMode: mode,
     redisUrl,
@@ -185,6 +192,7 @@ export function loadSettings(env: Env = process.env): Settings {
     maxDeliveries: integer(env, "RIG_MAX_DELIVERIES", 5, 1),
     entryDeadlineMs: integer(env, "RIG_ENTRY_DEADLINE_MS", 3_600_000, 0),
     dispatchStream,
+    logFormat: logFormat as LogFormat,
   };
 }
 
@@ -208,6 +216,7 @@ export function describe(settings: Settings): Record<string, unknown> {
   return {
     RIG_REDIS_MODE: settings.redisMode,
     RIG_REDIS_URL: maskUrl(settings.redisUrl),
+    RIG_LOG_FORMAT: settings.logFormat,
     RIG_REDIS_SENTINELS: settings.redisSentinels.map((s) => `${s.host}:${s.port}`).join(","),
     RIG_CONDUCTOR_URL: settings.conductorUrl,
     RIG_API_TOKEN: settings.apiToken === undefined ? null : "<set>",
