@@ -21,7 +21,7 @@ from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.app import create_app
-from rig_conductor.domain import StreamKey
+from rig_conductor.domain import StagedOutput, StreamKey
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
@@ -295,5 +295,96 @@ async def test_a_recovery_cut_off_half_way_is_finished_by_the_next_scan(
     assert sorted(found) == ["rc-a", "rc-b"] and found["rc-a"] == appended
     async with engine.connect() as conn:
         assert await conn.scalar(select(redis_epochs.c.epoch)) == "set-by-a-conductor-that-died"
+    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
+
+
+async def grouped(
+    engine: AsyncEngine, kind: str, entry_id: str, issue: str, group: str, consumer: str,
+    attempt: int | None = None, outputs: tuple[StagedOutput, ...] = (),
+) -> work.WorkOutcome:  # fmt: skip
+    """A WORK_* report read in `group` (fan-out: several groups read the stream)."""
+    return await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport(
+            kind=kind,  # type: ignore[arg-type]
+            agent_id="builder",
+            stream=S,
+            entry_id=entry_id,
+            consumer=consumer,
+            issue_id=issue,
+            attempt=attempt,
+            group=group,
+            outputs=outputs,
+        ),
+    )
+
+
+async def finish(engine: AsyncEngine, entry_id: str, issue: str, group: str, consumer: str) -> None:
+    started = await grouped(engine, "WORK_STARTED", entry_id, issue, group, consumer)
+    done = await grouped(
+        engine, "WORK_COMPLETED", entry_id, issue, group, consumer, attempt=started.attempt
+    )
+    assert done.accepted
+
+
+async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
+    redis: Redis, engine: AsyncEngine, make_settings: Callable[..., Settings]
+) -> None:
+    """Two groups read the stream (builders first, reviewers since rc-0). After the loss a
+    dispatch is appended again when either group has not finished it; the group that had
+    finished it is answered "done" on the new entry (publishing what it had not), the other
+    runs it. A dispatch from before a group read the stream is not that group's work."""
+    settings = make_settings(streams=(S,), dispatch_stream=S)
+    pre = await dispatched(redis, engine, "rc-pre")  # before the reviewers read the stream
+    await finish(engine, pre, "rc-pre", "builders", "b-0")
+    zero = await dispatched(redis, engine, "rc-0")
+    await finish(engine, zero, "rc-0", "builders", "b-0")
+    await finish(engine, zero, "rc-0", "reviewers", "r-0")
+    lagging = await dispatched(redis, engine, "rc-a")  # the reviewers had not read it yet
+    await finish(engine, lagging, "rc-a", "builders", "b-0")
+    both = await dispatched(redis, engine, "rc-b")
+    await finish(engine, both, "rc-b", "builders", "b-0")
+    await finish(engine, both, "rc-b", "reviewers", "r-0")
+    unpublished = await dispatched(redis, engine, "rc-c")  # builders in hand, reviewers done
+    await grouped(engine, "WORK_STARTED", unpublished, "rc-c", "builders", "b-0")
+    staged = StagedOutput(f"/out/.rc-c.json.{unpublished}.a1.tmp", "/out/rc-c.json")
+    assert (await grouped(engine, "WORK_STARTED", unpublished, "rc-c", "reviewers", "r-0")).accepted
+    completed = await grouped(
+        engine, "WORK_COMPLETED", unpublished, "rc-c", "reviewers", "r-0", attempt=1,
+        outputs=(staged,),
+    )  # fmt: skip
+    assert completed.accepted
+    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await redis.flushdb()
+
+    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert (scan.redis_data_lost, scan.redispatched) == ([S], 2)
+    issues = await stream_issues(redis)
+    assert sorted(issues) == ["rc-a", "rc-c"]
+
+    # rc-a: done for the builders (acked without running), the reviewers' work to run.
+    again = await grouped(engine, "WORK_STARTED", issues["rc-a"], "rc-a", "builders", "b-1")
+    assert (again.accepted, again.state, again.outputs) == (False, "done", ())
+    fresh = await grouped(engine, "WORK_STARTED", issues["rc-a"], "rc-a", "reviewers", "r-1")
+    assert (fresh.accepted, fresh.attempt) == (True, 1)
+    # rc-c: the reviewers' accepted completion carried over with its outputs to publish; the
+    # builders' attempt in hand was lost with the entry, so they run it.
+    carried = await grouped(engine, "WORK_STARTED", issues["rc-c"], "rc-c", "reviewers", "r-1")
+    assert (carried.accepted, carried.state, carried.outputs) == (False, "done", (staged,))
+    rerun = await grouped(engine, "WORK_STARTED", issues["rc-c"], "rc-c", "builders", "b-1")
+    assert (rerun.accepted, rerun.attempt) == (True, 1)
+    async with engine.connect() as conn:
+        carried_from = dict(
+            (
+                await conn.execute(
+                    select(events.c.group_name, events.c.detail["carriedFrom"].astext).where(
+                        events.c.kind == "WORK_COMPLETED", events.c.detail.has_key("carriedFrom")
+                    )
+                )
+            ).all()
+        )
+    assert carried_from == {"builders": lagging, "reviewers": unpublished}
     quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)

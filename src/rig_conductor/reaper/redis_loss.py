@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import dispatches
+from rig_conductor.adapters.postgres import dispatches, recovery
 from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.policy import redis_loss
@@ -72,7 +72,7 @@ async def recover(
     dispatches again. Raises on Redis or PostgreSQL failure (the next scan tries again)."""
     remembered = await dispatches.remembered_epochs(engine, tenant=settings.tenant)
     streams = sorted({settings.dispatch_stream, *remembered})
-    recovery = Recovery(lost=[])
+    found = Recovery(lost=[])
     for name in streams:
         stream = StreamKey(name)
         client = (await node_for(topology, stream)).client
@@ -87,15 +87,15 @@ async def recover(
             )
             logger.info("Redis epoch of %s recorded: %s", stream, epoch)
             continue
-        recovery.lost.append(stream)
+        found.lost.append(stream)
         appended = await _recover_stream(
             client, stream, in_redis, engine=engine, settings=settings, dry_run=dry_run
         )
-        recovery.appended += appended
+        found.appended += appended
         if metrics is not None and not dry_run:
             metrics.redis_data_losses.labels(stream).inc()
             metrics.redispatched.labels(stream, REASON).inc(appended)
-    return recovery
+    return found
 
 
 async def _recover_stream(
@@ -122,13 +122,15 @@ async def _recover_stream(
         epoch, _ = await redis_streams.claim_epoch(client, stream=stream, epoch=_new_epoch())
     tally = _Tally()
     window_s = settings.event_retention_days * 86_400
+    groups = await recovery.groups_since(engine, tenant=settings.tenant, stream=stream)
     after: tuple[datetime, str] | None = None
     while True:
-        page = await dispatches.unfinished(
+        page = await recovery.unfinished(
             engine,
             tenant=settings.tenant,
             stream=stream,
             window_s=window_s,
+            groups=groups,
             after=after,
             limit=PAGE,
         )
@@ -139,8 +141,16 @@ async def _recover_stream(
             client, items=[(stream, item.dispatch.key) for item in page]
         )
         for item, marker in zip(page, markers, strict=True):
+            expected = recovery.expected_groups(groups, item)
             await _recover_dispatch(
-                client, item, marker, tally, engine=engine, settings=settings, dry_run=dry_run
+                client,
+                item,
+                marker,
+                tally,
+                expected,
+                engine=engine,
+                settings=settings,
+                dry_run=dry_run,
             )
     if epoch is not None:
         await dispatches.remember_epoch(engine, tenant=settings.tenant, stream=stream, epoch=epoch)
@@ -162,9 +172,10 @@ async def _recover_stream(
 
 async def _recover_dispatch(
     client: AnyRedis,
-    item: dispatches.Unfinished,
+    item: recovery.Unfinished,
     marker: str | None,
     tally: _Tally,
+    expected: list[str],
     *,
     engine: AsyncEngine,
     settings: Settings,
@@ -195,7 +206,7 @@ async def _recover_dispatch(
         )
         return
     await _fence_and_append(
-        client, dispatch, action, marker, tally, engine=engine, settings=settings
+        client, dispatch, action, marker, tally, expected, engine=engine, settings=settings
     )
 
 
@@ -205,6 +216,7 @@ async def _fence_and_append(
     action: redis_loss.Dispatch,
     marker: str | None,
     tally: _Tally,
+    expected: list[str],
     *,
     engine: AsyncEngine,
     settings: Settings,
@@ -213,7 +225,9 @@ async def _fence_and_append(
     retry of the dispatch appended already) and record where it lives now."""
     # Fenced before the append: a holder that completes the lost entry from now on is
     # answered 409. One that completed it first has finished it: nothing is appended then.
-    fence = await dispatches.supersede(engine, tenant=settings.tenant, dispatch=dispatch)
+    fence = await recovery.supersede(
+        engine, tenant=settings.tenant, dispatch=dispatch, expected=expected
+    )
     if fence is None:
         tally.finished += 1
         if action == "follow":
@@ -230,8 +244,8 @@ async def _fence_and_append(
     else:
         assert marker is not None
         entry_id, appended = EntryId(marker), False
-    if not await dispatches.reappended(
-        engine, tenant=settings.tenant, dispatch=dispatch, entry_id=entry_id, carry=fence.carry
+    if not await recovery.reappended(
+        engine, tenant=settings.tenant, dispatch=dispatch, entry_id=entry_id, carries=fence.carries
     ):
         tally.elsewhere += 1
         return
@@ -240,7 +254,7 @@ async def _fence_and_append(
 
 
 def _log_appended(
-    dispatch: dispatches.RecentDispatch, entry_id: str, *, appended: bool, fence: dispatches.Fence
+    dispatch: dispatches.RecentDispatch, entry_id: str, *, appended: bool, fence: recovery.Fence
 ) -> None:
     if fence.carry is not None:
         held = (

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.postgres import dispatches
+from rig_conductor.adapters.postgres import dispatches, recovery
 from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.settings import Settings
@@ -88,7 +88,7 @@ async def _append_again(
     entry_id, appended = await append_dispatch(redis, item, settings=settings)
     if not appended:
         return False
-    await dispatches.reappended(engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
+    await recovery.reappended(engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
     if metrics is not None:
         metrics.redispatched.labels(item.stream, REASON).inc()
     logger.warning(

@@ -150,12 +150,25 @@ _CLAIMED = text(
 )
 
 
+# A row of this group in the other lane with nobody in the first: an entry appended again after
+# Redis lost its data, carrying this group's done state over (`dispatches.reappended`).
+_OTHER_ROW = text(
+    """
+    SELECT 1 FROM group_assignments
+     WHERE tenant = :tenant AND stream = :stream AND entry_id = :entry_id AND group_name = :group
+    """
+)
+
+
 async def lane_of(conn: AsyncConnection, params: dict[str, Any]) -> Lane:
     """The lane of `params`' (tenant, stream, group, entry_id): the first one when no group is
-    named, nobody claimed it yet, or this group (or a report from before groups) did."""
+    named, nobody claimed it yet, or this group (or a report from before groups) did; the other
+    one when another group did, or when this group's row was written there already."""
     if params.get("group") is None:
         return FIRST
     row = (await conn.execute(_CLAIMED, params)).first()
-    if row is None or row.group_name is None or row.group_name == params["group"]:
+    if row is None:
+        return OTHER if (await conn.execute(_OTHER_ROW, params)).first() else FIRST
+    if row.group_name is None or row.group_name == params["group"]:
         return FIRST
     return OTHER
