@@ -103,21 +103,23 @@ class DataSet:
 
 async def build(stores: Stores, fleet: Fleet) -> DataSet:
     """A fresh data set (FLUSHDB, TRUNCATE): its Redis side, the work history and the heartbeat
-    rows. The long story's entry is appended first, so each group reads it before the others."""
+    rows. The finished work is logged first, as it happened first; the long story's entry is
+    appended before the other entries, so each group of its stream reads it first."""
     if fleet.consumers < MIN_CONSUMERS:
         raise BenchError(f"{fleet.consumers:,} consumers: the data set needs {MIN_CONSUMERS:,}")
     started = time.perf_counter()
     await stores.reset()
     await _groups(stores.redis)
     await _consumers(stores.redis, fleet)
-    holders, zombie = fleet.story_holders()
-    story = await scale_work.story(stores, stream=DISPATCH_STREAM, holders=holders, zombie=zombie)
-    await _pending(stores.redis, fleet)
     url = stores.servers.database_url
     before = datetime.now(UTC) - timedelta(hours=1)
     history = await scale_work.history(
         url, issues=scale_work.HISTORY, place=fleet.place, before=before
     )
+    holders, zombie = fleet.story_holders()
+    story = await scale_work.story(stores, stream=DISPATCH_STREAM, holders=holders, zombie=zombie)
+    await _pending(stores.redis, fleet)
+    await scale_work.analyze(url)
     await _heartbeat_rows(url, fleet)
     return DataSet(time.perf_counter() - started, story, history)
 

@@ -251,13 +251,17 @@ async def history(
                     if place(n).dispatched:
                         await copy.write_row(_dispatch(n, place(n), start + n * step))
         await conn.commit()
-        # Autovacuum analyzes tables loaded like this within a minute or so, which a short run
-        # may or may not outlast: the plans measured are those of a log with its statistics,
-        # as a log that grew over a day has them.
+    return written
+
+
+async def analyze(database_url: str) -> None:
+    """Statistics of the tables the work was loaded into. Autovacuum gathers them within a
+    minute or so of a load like this, which a short run may or may not outlast: the plans
+    measured are those of a log with its statistics, as a log that grew over a day has them."""
+    async with await psycopg.AsyncConnection.connect(harness.conninfo(database_url)) as conn:
         for table in ("events", "assignments", "group_assignments", "dispatches"):
             await conn.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
         await conn.commit()
-    return written
 
 
 def _issue(n: int) -> str:
