@@ -1,7 +1,8 @@
 """The quiet fleet of `bench/scale.py`: 1,000 agents heartbeating, 1,000 groups over 100 streams,
 N consumers spread over the groups (none holding anything but one consumer in each stream's
-first group: 5 entries), every agent and consumer with a fresh heartbeat row. Nothing is stale
-and nobody is down: a scan moves nothing.
+first group: 5 entries, and one consumer in each group of the dispatch stream: the long story's
+entry), every agent and consumer with a fresh heartbeat row, and a work history in the event log
+(`bench/scale_work.py`). Nothing is stale and nobody is down: a scan moves nothing.
 """
 
 from __future__ import annotations
@@ -10,18 +11,23 @@ import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from redis.asyncio import Redis
 
 import harness
-from harness import TENANT, Stores
+import scale_work
+from harness import TENANT, BenchError, Stores
+from scale_work import Place, Story, Worker
 
 AGENTS, STREAMS, GROUPS = 1_000, 100, 1_000
 PENDING_PER_STREAM = 5  # entries delivered to one consumer of each stream's first group
 PIPELINE = 10_000  # commands per pipeline
 PREFIX = "scale:"  # RIG_STREAMS=scale:*
+DISPATCH_STREAM = f"{PREFIX}00"  # RIG_DISPATCH_STREAM: group number 0's stream
+STORY_HELD = GROUPS // STREAMS  # the long story's entry, held in every group of its stream
+MIN_CONSUMERS = 2 * GROUPS  # two in each group: a reclaim needs a consumer to move to
 CONSUMER_NAME = re.compile(r"agent-\d{4}-rig-agent-runtime-\d+")  # any consumer's name
 
 
@@ -56,20 +62,66 @@ class Fleet:
         stream, group = self.group(stream_n)
         return stream, group, self.consumer(stream_n)[1]
 
+    def worker(self, i: int) -> Worker:
+        agent, name, g = self.consumer(i)
+        return Worker(self.group(g)[1], name, agent)
+
+    @property
+    def rounds(self) -> int:
+        """Consumers every group has (some have one more)."""
+        return self.consumers // GROUPS
+
+    def story_holders(self) -> tuple[list[Worker], Worker]:
+        """Who holds the long story's entry in each group of the dispatch stream (the first is
+        `holder(0)`), and the consumer of the first group it was moved away from."""
+        holders = [self.worker(g) for g in range(0, GROUPS, STREAMS)]
+        return holders, self.worker(GROUPS)
+
+    def place(self, n: int) -> Place:
+        """Finished issue `n`: every other one dispatched, the rest entries others appended to
+        the other streams; worked in the stream's first group, by its consumers in turn."""
+        dispatched = n % 2 == 0
+        g = 0 if dispatched else 1 + n % (STREAMS - 1)
+        r = (n // STREAMS) % self.rounds
+        worker, other = (
+            self.worker(g + GROUPS * r),
+            self.worker(g + GROUPS * ((r + 1) % self.rounds)),
+        )
+        return Place(self.group(g)[0], worker, other, dispatched)
+
     @property
     def pending(self) -> int:
-        return STREAMS * PENDING_PER_STREAM if self.consumers >= STREAMS else 0
+        return STREAMS * PENDING_PER_STREAM + STORY_HELD
 
 
-async def build(stores: Stores, fleet: Fleet) -> float:
-    """A fresh data set (FLUSHDB, TRUNCATE), its Redis side and heartbeat rows: the seconds."""
+@dataclass(frozen=True)
+class DataSet:
+    seconds: float  # to build it
+    story: Story
+    history: int  # event rows of the finished issues
+
+
+async def build(stores: Stores, fleet: Fleet) -> DataSet:
+    """A fresh data set (FLUSHDB, TRUNCATE): its Redis side, the work history and the heartbeat
+    rows. The finished work is logged first, as it happened first; the long story's entry is
+    appended before the other entries, so each group of its stream reads it first."""
+    if fleet.consumers < MIN_CONSUMERS:
+        raise BenchError(f"{fleet.consumers:,} consumers: the data set needs {MIN_CONSUMERS:,}")
     started = time.perf_counter()
     await stores.reset()
     await _groups(stores.redis)
     await _consumers(stores.redis, fleet)
+    url = stores.servers.database_url
+    before = datetime.now(UTC) - timedelta(hours=1)
+    history = await scale_work.history(
+        url, issues=scale_work.HISTORY, place=fleet.place, before=before
+    )
+    holders, zombie = fleet.story_holders()
+    story = await scale_work.story(stores, stream=DISPATCH_STREAM, holders=holders, zombie=zombie)
     await _pending(stores.redis, fleet)
-    await _heartbeat_rows(stores.servers.database_url, fleet)
-    return time.perf_counter() - started
+    await scale_work.analyze(url)
+    await _heartbeat_rows(url, fleet)
+    return DataSet(time.perf_counter() - started, story, history)
 
 
 async def _groups(redis: Redis) -> None:
@@ -93,8 +145,6 @@ async def _consumers(redis: Redis, fleet: Fleet) -> None:
 async def _pending(redis: Redis, fleet: Fleet) -> None:
     """PENDING_PER_STREAM entries per stream, read by one consumer of its first group (the other
     groups, created at `$` before them, see them as lag)."""
-    if not fleet.pending:
-        return
     for n in range(STREAMS):
         stream, _ = Fleet.group(n)
         await harness.add_entries(redis, stream, PENDING_PER_STREAM)
@@ -103,8 +153,8 @@ async def _pending(redis: Redis, fleet: Fleet) -> None:
             stream, group, consumer = fleet.holder(n)
             pipe.xreadgroup(group, consumer, {stream: ">"}, count=PENDING_PER_STREAM)
         read = sum(len(reply[0][1]) for reply in await pipe.execute())
-    if read != fleet.pending:
-        raise harness.BenchError(f"delivered {read} entries, expected {fleet.pending}")
+    if read != STREAMS * PENDING_PER_STREAM:
+        raise BenchError(f"delivered {read} entries, expected {STREAMS * PENDING_PER_STREAM}")
 
 
 async def _heartbeat_rows(database_url: str, fleet: Fleet) -> None:
@@ -125,8 +175,11 @@ async def _heartbeat_rows(database_url: str, fleet: Fleet) -> None:
 
 
 async def refresh(database_url: str) -> None:
-    """Every heartbeat row heard now: nobody looks down to the measurement that follows."""
+    """Every heartbeat row heard now, every running attempt's progress too: nobody looks down,
+    and nothing stalled, to the measurement that follows."""
     async with await psycopg.AsyncConnection.connect(harness.conninfo(database_url)) as conn:
         await conn.execute("UPDATE agent_heartbeats SET last_heartbeat_at = now()")
         await conn.execute("UPDATE consumer_heartbeats SET last_heartbeat_at = now()")
+        for table in ("assignments", "group_assignments"):
+            await conn.execute(f"UPDATE {table} SET progress_at = now() WHERE state = 'running'")
         await conn.commit()

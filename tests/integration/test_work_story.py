@@ -4,6 +4,7 @@ beside where the entry stands in each group now."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -163,6 +164,68 @@ async def test_ten_thousand_progress_reports_are_one_bounded_item_and_pages_foll
     rest = await client.get(f"/api/work/rc-1?after={first.json()['next']}", headers=AS_VIEWER)
     assert kinds(rest.json()) == ["PROGRESS", "FAILED"]
     assert rest.json()["timeline"][0]["count"] == 10_000
+
+
+def progress_reports(story: dict[str, Any]) -> int:
+    """The WORK_PROGRESS rows a page's items stand for: runs by their count, fenced ones."""
+    return sum(
+        item.get("count", 1)
+        if item["kind"] == "PROGRESS"
+        else int(item["kind"] == "FENCED" and item["reason"].startswith("WORK_PROGRESS"))
+        for item in story["timeline"]
+    )
+
+
+async def test_ten_thousand_progress_reports_that_cannot_fold_are_one_page_and_a_way_on(
+    client: httpx.AsyncClient, redis: Redis, engine: AsyncEngine
+) -> None:
+    """Two groups work on the entry at once and report in turn: no two reports in a row are of
+    one attempt, so none fold. The story is still one bounded page that says where the rest
+    is, and the pages that follow reach every report once, in order."""
+    entry = await dispatch(client, redis)
+    await redis.xgroup_create(S, "auditors", id="0")
+    assert await read(redis, S, G, "dev-e-0", 1) == [entry]
+    assert await read(redis, S, "auditors", "qa-e-0", 1) == [entry]
+    await event(client, work("WORK_STARTED", "dev-e-0", entry))
+    await event(client, {**work("WORK_STARTED", "qa-e-0", entry), "group": "auditors"})
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO events (tenant, kind, agent_id, consumer, stream, group_name, "
+                "entry_id, issue_id, attempt) SELECT 'default', 'WORK_PROGRESS', "
+                "CASE n % 2 WHEN 0 THEN 'dev-e' ELSE 'qa-e' END, "
+                "CASE n % 2 WHEN 0 THEN 'dev-e-0' ELSE 'qa-e-0' END, :stream, "
+                "CASE n % 2 WHEN 0 THEN :group ELSE 'auditors' END, :entry, 'rc-1', 1 "
+                "FROM generate_series(1, 10000) AS n"
+            ),
+            {"stream": S, "group": G, "entry": entry},
+        )
+
+    first = await client.get("/api/work/rc-1", headers=AS_VIEWER)
+    story = first.json()
+    assert len(story["timeline"]) == 100  # the default page
+    assert kinds(story)[:4] == ["DISPATCHED", "STARTED", "STARTED", "PROGRESS"]
+    assert story["state"] == "running" and story["next"] is not None
+    assert len(first.content) < 64 * 1024
+    link = re.fullmatch(r'<(\?[^>]+)>; rel="next"', first.headers["link"])
+    assert link is not None, first.headers["link"]
+
+    second = (await client.get(f"/api/work/rc-1{link.group(1)}", headers=AS_VIEWER)).json()
+    assert second["timeline"][0]["at"] >= story["timeline"][-1]["at"]
+    reports, times, after, pages = progress_reports(story), [], story["next"], 1
+    times += [item["at"] for item in story["timeline"]]
+    while after is not None:
+        page = await client.get(f"/api/work/rc-1?limit=1000&after={after}", headers=AS_VIEWER)
+        assert page.status_code == 200, page.text
+        assert len(page.json()["timeline"]) <= 1000
+        reports += progress_reports(page.json())
+        times += [item["at"] for item in page.json()["timeline"]]
+        after, pages = page.json()["next"], pages + 1
+    assert reports == 10_000
+    assert len(times) == 10_003 and times == sorted(times)
+    assert pages == 1 + 10  # 9,903 items after the first page, 1,000 a page
+    too_many = await client.get("/api/work/rc-1?limit=1001", headers=AS_VIEWER)
+    assert too_many.status_code == 422
 
 
 async def test_a_foreign_entry_is_told_with_what_is_known(
