@@ -239,7 +239,7 @@ def header(soak: Soak) -> str:
     )
     users = (
         "each agent id its own least-privilege Redis user (rig-conductor redis-acl, kept in "
-        "the aclfile across the Redis restarts)"
+        "Redis's aclfile)"
         if opts.agent_users
         else "agents as Redis's default user"
     )
