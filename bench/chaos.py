@@ -6,8 +6,22 @@ blind spell; each issue that went wrong is printed with its timeline. It runs on
 PostgreSQL and a Redis of its own (`private_servers`), so it can stop and start them.
 
     .venv/bin/python bench/chaos.py [--quick] [--issues 1000] [--agents 6] [--seed N] [--keep]
+        [--fleet python|typescript|mixed] [--groups N] [--agent-users]
 
-The faults are in `chaos_faults`, the observations and the verdict in `chaos_report`.
+`--fleet`: the agents' runtime, the Python `rig-conductor agent` (default), the TypeScript
+`rig-agent` (clients/typescript; the soak refuses to start, naming `cd clients/typescript &&
+npm ci && npm run build`, when it is not built), or `mixed`: every other agent process of a
+group is a TypeScript one, in the group with the Python ones. Both run the same handler
+(`handle` below; `chaos_handler.mjs`). `--groups N`: N consumer groups read the one stream,
+each with its own agents; work is owned per group, so each must finish every issue once, and
+lost, doubled and missing work is counted per group. `--agent-users`: every agent id gets its
+own least-privilege Redis user as `rig-conductor redis-acl` prints it (the conductor keeps the
+default user). A Redis restarted empty would come back without them: the soak keeps them in
+the private Redis's aclfile (`ACL SAVE`), as an operator would, and the restarted server loads
+them at start. Needs Redis 7 (ACL selectors); refused on an older redis-server.
+
+The faults are in `chaos_faults`, the observations and the verdict in `chaos_report`, the
+fleet's seats and runtimes in `chaos_fleet`.
 """
 
 from __future__ import annotations
@@ -30,11 +44,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import chaos_report
 
 # Light imports only up here: the agent processes import this module for `handle`.
 logger = logging.getLogger("chaos")
-GROUP = "chaos"
 BENCH_DIR = str(Path(__file__).resolve().parent)
 STOP_TIMEOUT_S = 40.0  # serve drains for up to 30 s, an agent finishes its entry for up to 30 s
 STALL_TIMEOUT_S, DRAIN_TIMEOUT_S, PROGRESS_EVERY_S = 60.0, 15.0, 5.0
@@ -47,7 +63,8 @@ MAX_DELIVERIES = "10"
 
 
 def handle(entry: Any) -> None:
-    """Sleep 5 ms, then stage `<issueId>--<entryId>.a<attempt>.json`; poison raises. With
+    """The Python agents' handler; `chaos_handler.mjs` is the same for TypeScript agents.
+    Sleep 5 ms, then stage `<issueId>--<entryId>.a<attempt>.json`; poison raises. With
     CHAOS_DEGRADED every call raises Degraded (out of quota); with CHAOS_HANG_EVERY=n the first
     attempt of every n-th issue hangs for 20 s without progress (a deadlocked CLI)."""
     from rig_conductor.agent import Degraded
@@ -80,6 +97,7 @@ class Child:
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     seen_alive: float = field(default_factory=time.time)
+    stopping: bool = False  # the soak is stopping it: its exit is no crash
 
     def alive(self) -> bool:
         if self.process.poll() is None:
@@ -90,6 +108,7 @@ class Child:
         return False
 
     async def stop(self, sig: signal.Signals = signal.SIGTERM) -> int:
+        self.stopping = True
         self.process.send_signal(sig)  # nothing once it has exited
         try:
             code = await asyncio.to_thread(self.process.wait, STOP_TIMEOUT_S)
@@ -101,69 +120,65 @@ class Child:
         return code
 
 
-class Database:
-    """The soak's own connection to PostgreSQL, made again once PostgreSQL is back."""
-
-    def __init__(self, conninfo: str) -> None:
-        self.conninfo = conninfo
-        self.conn: Any = None
-
-    async def execute(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
-        import psycopg
-
-        if self.conn is None or self.conn.closed:
-            self.conn = await psycopg.AsyncConnection.connect(
-                self.conninfo, autocommit=True, connect_timeout=5
-            )
-        try:
-            return await self.conn.execute(sql, args)
-        except psycopg.OperationalError:
-            await self.close()
-            raise
-
-    async def close(self) -> None:
-        if self.conn is not None:
-            with contextlib.suppress(Exception):
-                await self.conn.close()
-            self.conn = None
-
-
 class Soak:
-    def __init__(self, opts: argparse.Namespace, postgres: Any, redis_server: Any, port: int):
+    def __init__(
+        self,
+        opts: argparse.Namespace,
+        postgres: Any,
+        redis_server: Any,
+        port: int,
+        typescript: list[str],
+    ):
+        import chaos_fleet
+
         self.opts, self.postgres, self.redis_server = opts, postgres, redis_server
         self.redis_url, self.database_url = redis_server.url, postgres.url("rig_chaos")
+        self.typescript = typescript  # the TypeScript runtime's command, if the fleet has one
         self.run_id = uuid.uuid4().hex[:8]
-        self.stream, self.tenant, self.group = f"chaos:{self.run_id}", f"chaos-{self.run_id}", GROUP
+        self.stream, self.tenant = f"chaos:{self.run_id}", f"chaos-{self.run_id}"
+        self.groups = chaos_fleet.group_names(opts.groups)
         self.workdir = Path(tempfile.mkdtemp(prefix=f"rig-chaos-{self.run_id}-"))
         self.out, self.logs = self.workdir / "effects", self.workdir / "logs"
-        self.out.mkdir()
+        for group in self.groups:  # a group's attempts are its own: so are its files
+            (self.out / group).mkdir(parents=True)
         self.logs.mkdir()
         self.rng = random.Random(opts.seed)
         self.issues = [f"chaos-{self.run_id}-{n:05d}" for n in range(opts.issues)]
         self.poison = set(self.rng.sample(self.issues, min(opts.poison, len(self.issues))))
         self.url = f"http://127.0.0.1:{port}"
-        self.agent_ids = [f"chaos-w{slot}" for slot in range(opts.agents)]
-        self.agent_ids += [f"chaos-degraded{n}" for n in range(opts.degraded_agents)]
+        self.seats = chaos_fleet.seats(
+            groups=opts.groups, agents=opts.agents, degraded=opts.degraded_agents, fleet=opts.fleet
+        )
+        self.workers = [seat for seat in self.seats if not seat.degraded]
+        self.agent_ids = [seat.agent_id for seat in self.seats]
+        self.passwords: dict[str, str] = {}  # --agent-users: Redis user -> password
+        self.users_seen: set[str] = set()  # the Redis users agents were seen connected as
         self.entries: dict[str, str] = {}  # issue -> entry id
         self.children: list[Child] = []
         self.conductors: list[Child] = []
-        self.slots: list[Child] = []
-        self.incarnations = [0] * opts.agents
+        self.slots: list[Child] = []  # the live process of each of `workers`
+        self.incarnations = [0] * len(self.workers)
         self.tally: Counter[str] = Counter()
-        self.latest: Any = None  # the last chaos_report.Snapshot
+        self.latest: dict[str, Any] = {}  # group -> its last chaos_report.Snapshot
         self.dispatched = asyncio.Event()
         self.faults_over = asyncio.Event()
         self.faults_done = 0
         self.faults: list[Any] = []  # chaos_timeline.Fault, each as it was injected
 
+    def done_everywhere(self) -> set[str]:
+        """The issues every group has finished (completed or dead-lettered), as last seen."""
+        if len(self.latest) < len(self.groups):
+            return set()
+        return set.intersection(*(snapshot.done for snapshot in self.latest.values()))
+
     # Processes.
-    def spawn(self, name: str, command: list[str], **env: str) -> Child:
+    def spawn(self, name: str, argv: list[str], **env: str) -> Child:
         environment = {k: v for k, v in os.environ.items() if not k.startswith("RIG_")}
         environment |= {"RIG_REDIS_URL": self.redis_url, "RIG_DISPATCH_STREAM": self.stream}
         log = self.logs / f"{name}.log"
         with log.open("wb") as sink:
             process = subprocess.Popen(
-                [sys.executable, "-m", "rig_conductor", *command],
+                argv,
                 cwd=self.workdir,
                 env=environment | env,
                 stdin=subprocess.DEVNULL,
@@ -191,30 +206,38 @@ class Soak:
         env |= {"RIG_MAX_DELIVERIES": MAX_DELIVERIES}
         env |= {"RIG_K8S_ENABLED": "false", "RIG_ALLOW_ANONYMOUS": "true"}
         env |= {"RIG_LOG_FORMAT": "json"}  # reclaims with their reason and time, for the report
-        child = self.spawn(name, ["serve"], **env)
+        child = self.spawn(name, [sys.executable, "-m", "rig_conductor", "serve"], **env)
         self.conductors.append(child)
         try:
             await asyncio.to_thread(harness.wait_ready, child.process, f"{self.url}/readyz")
         except harness.BenchError as exc:
             raise RuntimeError(f"{exc}: {child.log.read_text()[-2000:]}") from None
 
-    def start_agent(self, agent_id: str, consumer: str, **env: str) -> Child:
+    def start_agent(self, seat: Any, consumer: str, **env: str) -> Child:
+        """An agent process in `seat` (a `chaos_fleet.Seat`), of its runtime, as `consumer`."""
+        import chaos_fleet
+
         python_path = [p for p in (os.environ.get("PYTHONPATH"), BENCH_DIR) if p]  # for handle
-        env |= {"PYTHONPATH": os.pathsep.join(python_path), "CHAOS_OUT_DIR": str(self.out)}
+        env |= {"PYTHONPATH": os.pathsep.join(python_path)}
+        env |= {"CHAOS_OUT_DIR": str(self.out / seat.group)}
         env |= {"RIG_CONDUCTOR_URL": self.url, "RIG_ENTRY_DEADLINE_MS": ENTRY_DEADLINE_MS}
         env |= {"RIG_MAX_DELIVERIES": MAX_DELIVERIES}
         env |= {"RIG_HEARTBEAT_INTERVAL_S": str(AGENT_DOWN_MS / 3000), "RIG_SCAN_INTERVAL_S": "1"}
         env |= {"RIG_LOG_FORMAT": "json"}  # its lines about an entry, for the report's timelines
-        command = ["agent", "--agent-id", agent_id, "--group", GROUP, "--stream", self.stream]
-        command += ["--handler", "chaos:handle"]
-        return self.spawn(consumer, command, CONSUMER_ID=consumer, **env)
+        if self.passwords:
+            user = f"rig-agent-{seat.agent_id}"
+            env["RIG_REDIS_URL"] = chaos_fleet.user_url(self.redis_url, user, self.passwords[user])
+        if seat.degraded:
+            env["CHAOS_DEGRADED"] = "1"
+        argv = chaos_fleet.agent_command(seat, stream=self.stream, typescript=self.typescript)
+        return self.spawn(consumer, argv, CONSUMER_ID=consumer, **env)
 
     def start_worker(self, slot: int) -> Child:
         """The agent of `slot`, as a new pod: a new consumer name."""
         self.incarnations[slot] += 1
-        agent_id = self.agent_ids[slot]
-        consumer = f"{agent_id}-{self.incarnations[slot]}"
-        return self.start_agent(agent_id, consumer, CHAOS_HANG_EVERY=str(self.opts.hang_every))
+        seat = self.workers[slot]
+        consumer = f"{seat.agent_id}-{self.incarnations[slot]}"
+        return self.start_agent(seat, consumer, CHAOS_HANG_EVERY=str(self.opts.hang_every))
 
     async def stop_everything(self) -> None:
         agents = [c for c in self.children if c.alive() and c not in self.conductors]
@@ -254,14 +277,13 @@ class Soak:
             self.tally["dispatch retries"] += 1
             await asyncio.sleep(0.2 + self.rng.random() * 0.3)
 
-    async def monitor(self, redis: Any, db: Database) -> bool:
-        """Until every dispatched issue is settled and every scheduled fault is over (True;
-        then up to DRAIN_TIMEOUT_S more for the pending list to empty), or --timeout or
-        STALL_TIMEOUT_S without progress (False). Looks again later while a server is down."""
+    async def monitor(self, redis: Any, db: chaos_report.Database) -> bool:
+        """Until every dispatched issue is settled in every group and every scheduled fault is
+        over (True; then up to DRAIN_TIMEOUT_S more for the pending lists to empty), or
+        --timeout or STALL_TIMEOUT_S without progress (False). Looks again later while a server
+        is down."""
         import psycopg
         from redis.exceptions import RedisError
-
-        from chaos_report import snapshot
 
         started = time.monotonic()
         deadline = started + self.opts.timeout
@@ -270,53 +292,77 @@ class Soak:
         drain_until: float | None = None
         while (now := time.monotonic()) < deadline:
             try:
-                latest = await snapshot(
-                    redis, db, tenant=self.tenant, stream=self.stream, group=self.group
-                )
+                await self.look(redis, db)
             except (psycopg.Error, RedisError, OSError) as exc:
                 logger.debug("No snapshot (%s); looking again", exc)
                 await asyncio.sleep(0.5)
                 continue
-            self.latest = latest
+            latest = list(self.latest.values())
             over = self.dispatched.is_set() and self.faults_over.is_set()
-            if over and set(self.entries) <= latest.done:
+            if over and set(self.entries) <= self.done_everywhere():
                 # An entry completed by an agent killed before its XACK stays pending until
                 # reclaimed (its next owner finds it done and acks it): give that time.
                 drain_until = drain_until or min(deadline, now + DRAIN_TIMEOUT_S)
-                if not latest.pending and not latest.undelivered:
+                if not any(s.pending or s.undelivered for s in latest):
                     return True
-            if (len(latest.done), self.faults_done) != (settled, faults):
-                settled, faults, last_change = len(latest.done), self.faults_done, now
+            done = sum(len(s.done) for s in latest)
+            if (done, self.faults_done) != (settled, faults):
+                settled, faults, last_change = done, self.faults_done, now
             elif now - last_change > STALL_TIMEOUT_S:
                 logger.error("No issue settled for %.0fs: stopping", STALL_TIMEOUT_S)
                 return False
             if now >= next_report:
                 next_report += PROGRESS_EVERY_S
-                counts = (len(self.entries), len(latest.completed), len(latest.unsettled()))
-                logger.info("%5.1fs: dispatched, completed, pending %s", now - started, counts)
+                completed = "/".join(str(len(s.completed)) for s in latest)
+                pending = "/".join(str(len(s.unsettled())) for s in latest)
+                logger.info(
+                    "%5.1fs: dispatched, completed, pending (%d, %s, %s)",
+                    now - started,
+                    len(self.entries),
+                    completed,
+                    pending,
+                )
             await asyncio.sleep(0.5)
             if drain_until is not None and time.monotonic() >= drain_until:
                 logger.warning("Every issue is settled, but entries are still pending")
                 return True
         return drain_until is not None
 
+    async def look(self, redis: Any, db: chaos_report.Database) -> None:
+        """Each group's snapshot, and the Redis users agents are connected as."""
+        import chaos_fleet
+        from chaos_report import snapshot
+
+        for group in self.groups:
+            self.latest[group] = await snapshot(
+                redis, db, tenant=self.tenant, stream=self.stream, group=group
+            )
+        if self.passwords:
+            self.users_seen |= await chaos_fleet.users_connected(redis)
+
     # The run.
     async def run(self) -> int:
         import httpx
 
         import chaos_faults
+        import chaos_fleet
         import chaos_report
         from harness import conninfo, redis_kit
 
         started = time.monotonic()
         redis = redis_kit.connect(self.redis_url)
-        db = Database(conninfo(self.database_url))
+        db = chaos_report.Database(conninfo(self.database_url))
         failed = True
         try:
+            if self.opts.agent_users:
+                self.passwords = await chaos_fleet.apply_agent_users(
+                    redis, self.agent_ids, stream=self.stream
+                )
             await self.start_conductor()
-            self.slots = [self.start_worker(slot) for slot in range(self.opts.agents)]
-            for agent_id in self.agent_ids[self.opts.agents :]:
-                self.start_agent(agent_id, f"{agent_id}-0", CHAOS_DEGRADED="1")
+            self.slots = [self.start_worker(slot) for slot in range(len(self.workers))]
+            for seat in self.seats:
+                if seat.degraded:
+                    self.start_agent(seat, f"{seat.agent_id}-0")
             async with httpx.AsyncClient(base_url=self.url, timeout=30) as api:
                 chaos = [chaos_faults.kill_agents(self), chaos_faults.watch_agents(self)]
                 chaos.append(chaos_faults.scheduled(self))
@@ -368,6 +414,19 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, help="give up after this many seconds (900; 180)")
     parser.add_argument("--seed", type=int, help="random seed (kills, poison issues)")
     parser.add_argument("--keep", action="store_true", help="keep logs and effects")
+    parser.add_argument(
+        "--fleet", choices=("python", "typescript", "mixed"), default="python",
+        help="the agents' runtime; mixed: every other agent of a group is TypeScript (python)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--groups", type=int, default=1,
+        help="consumer groups reading the one stream, each with its own agents (1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--agent-users", action="store_true",
+        help="each agent id its own least-privilege Redis user (redis-acl); needs Redis 7",
+    )  # fmt: skip
+    import chaos_fleet
     import harness  # not at the top: the agent processes import this module for `handle`
     import private_servers
 
@@ -380,18 +439,26 @@ def main() -> int:
         parser.error("needs --agents >= 2, --issues >= 1, --kill-every > 0")
     if opts.outage_s * 1000 <= AGENT_DOWN_MS:
         parser.error(f"--outage-s must be longer than RIG_AGENT_DOWN_MS ({AGENT_DOWN_MS} ms)")
+    if opts.groups < 1:
+        parser.error("needs --groups >= 1")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)-7s %(message)s")
     logger.setLevel(logging.INFO)
     try:
+        typescript = chaos_fleet.typescript_command() if opts.fleet != "python" else []
+        if opts.agent_users:
+            chaos_fleet.check_agent_users()
         with (
             private_servers.private_postgres() as postgres,
-            private_servers.private_redis() as redis_server,
+            private_servers.private_redis(aclfile=opts.agent_users) as redis_server,
         ):
             from rig_conductor.adapters.postgres import migrations
 
             migrations.upgrade(postgres.create_database("rig_chaos"))
-            soak = Soak(opts, postgres, redis_server, harness.free_port())
+            soak = Soak(opts, postgres, redis_server, harness.free_port(), typescript)
             return asyncio.run(soak.run())
+    except chaos_fleet.FleetError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
     except private_servers.ServerError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
         return 1

@@ -44,11 +44,12 @@ async def kill_agents(soak: Soak) -> None:
 
 
 async def watch_agents(soak: Soak) -> None:
-    """An agent that exits on its own is a crash: count it and start a replacement."""
+    """An agent that exits on its own is a crash: count it and start a replacement. One the
+    soak is killing is not: `kill_agents` replaces it."""
     while True:
         await asyncio.sleep(0.5)
         for slot, child in enumerate(soak.slots):
-            if not child.alive():
+            if not child.alive() and not child.stopping:
                 soak.tally["agent crashes"] += 1
                 logger.warning("%s exited by itself (%s)", child.name, child.process.returncode)
                 soak.slots[slot] = soak.start_worker(slot)
@@ -80,7 +81,7 @@ async def scheduled(soak: Soak) -> None:
     order = plan(soak)
     for n, kind in enumerate(order):
         share = FIRST_SHARE + (LAST_SHARE - FIRST_SHARE) * n / max(1, len(order) - 1)
-        while len(soak.latest.done if soak.latest else ()) < share * len(soak.issues):  # noqa: ASYNC110
+        while len(soak.done_everywhere()) < share * len(soak.issues):  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         await faults[kind](soak, order[: n + 1].count(kind))
         soak.faults_done += 1

@@ -1,6 +1,8 @@
-"""What the chaos soak observes and prints: the state of the issues (PostgreSQL's event log,
-Redis's pending list and dead-letter stream), the conductors' JSON logs (reclaims, blind spells,
-Redis data losses) and the verdict. It injects nothing and decides nothing about the run.
+"""What the chaos soak observes and prints: the state of the issues in each consumer group
+(PostgreSQL's event log, Redis's pending lists and dead-letter stream), the conductors' JSON
+logs (reclaims, blind spells, Redis data losses) and the verdict, counted per group: work is
+owned per group, so an issue lost, doubled or without its effect in any group fails the run.
+It injects nothing and decides nothing about the run.
 
 A "live agent reclaimed" is a reclaim with reason `down` whose from-consumer was an agent
 process alive at the time of the reclaim: not yet killed, not yet exited. With heartbeats every
@@ -14,9 +16,10 @@ import contextlib
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -27,6 +30,33 @@ TALLIES = (
     *("agent kills", "agent crashes", "conductor restarts", "conductor outages"),
     *("postgres restarts", "redis restarts", "dispatch retries"),
 )
+
+
+class Database:
+    """The soak's own connection to PostgreSQL, made again once PostgreSQL is back."""
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.conn: Any = None
+
+    async def execute(self, sql: str, args: tuple[Any, ...] = ()) -> Any:
+        import psycopg
+
+        if self.conn is None or self.conn.closed:
+            self.conn = await psycopg.AsyncConnection.connect(
+                self.conninfo, autocommit=True, connect_timeout=5
+            )
+        try:
+            return await self.conn.execute(sql, args)
+        except psycopg.OperationalError:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                await self.conn.close()
+            self.conn = None
 
 
 @dataclass
@@ -50,11 +80,13 @@ NOT_CARRIED = "NOT (detail ? 'carriedFrom')"
 
 
 async def snapshot(redis: Any, db: Any, *, tenant: str, stream: str, group: str) -> Snapshot:
-    """Raises while PostgreSQL or Redis is down: the caller looks again later."""
+    """The issues of one group (work is owned per group). Raises while PostgreSQL or Redis is
+    down: the caller looks again later."""
     from redis.exceptions import ResponseError
 
     completed: dict[str, set[tuple[str, int]]] = defaultdict(set)
-    where, args = "WHERE tenant = %s AND stream = %s", (tenant, stream)
+    where = "WHERE tenant = %s AND stream = %s AND group_name = %s"
+    args = (tenant, stream, group)
     rows = await db.execute(
         f"SELECT issue_id, entry_id, attempt FROM events {where} "
         f"AND kind = 'WORK_COMPLETED' AND NOT fenced AND {NOT_CARRIED}",
@@ -66,7 +98,8 @@ async def snapshot(redis: Any, db: Any, *, tenant: str, stream: str, group: str)
     # dead-letter stream, and the conductor does not dispatch a dead-lettered issue again.
     rows = await db.execute(f"SELECT issue_id FROM events {where} AND kind = 'DEAD_LETTERED'", args)
     letter_issues = {issue for (issue,) in await rows.fetchall() if issue}
-    letter_issues |= {f.get("issueId", "") for _, f in await redis.xrange(f"{stream}:dlq")}
+    letters = await redis.xrange(f"{stream}:dlq")
+    letter_issues |= {f.get("issueId", "") for _, f in letters if f.get("group") == group}
     pending: dict[str, tuple[str, str, int]] = {}
     undelivered: set[str] = set()
     with contextlib.suppress(ResponseError):  # NOGROUP: no agent has joined (again) yet
@@ -150,27 +183,36 @@ def live_reclaims(
     return live
 
 
-async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float) -> bool:
-    """Print the counts, a `name: value` a line; True when the run failed."""
-    final = await snapshot(redis, db, tenant=soak.tenant, stream=soak.stream, group=soak.group)
-    per_issue = Counter(f.get("issueId", "") for _, f in await redis.xrange(soak.stream))
-    twice = sorted(issue for issue, n in per_issue.items() if n > 1)
-    rows = await db.execute(
-        "SELECT count(*) FROM events WHERE tenant = %s AND stream = %s AND fenced",
-        (soak.tenant, soak.stream),
-    )
-    fenced = await rows.fetchone()
+@dataclass
+class GroupVerdict:
+    """What became of the dispatched issues in one group: each group must finish each once."""
+
+    group: str
+    final: Snapshot
+    effects: dict[str, list[tuple[str, int]]]  # issue -> committed files' (entry id, attempt)
+    lost: set[str]
+    double: set[str]
+    missing: set[str]
+    other_letters: set[str]  # dead-lettered but not poison
+    unfinished: set[str]
+
+
+def read_effects(directory: Path) -> dict[str, list[tuple[str, int]]]:
     effects: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for path in soak.out.glob("*.json"):
+    for path in directory.glob("*.json"):
         effect = json.loads(path.read_text())
         effects[effect["issueId"]].append((effect["entryId"], int(effect["attempt"])))
-    logs = read_logs((c.log.read_text(errors="replace") for c in soak.conductors), soak.stream)
-    by_reason = Counter(r.reason for r in logs.reclaims)
-    lifetimes = {c.name: (c.started_at, c.ended_at) for c in soak.children}
-    live = live_reclaims(logs.reclaims, lifetimes)
+    return effects
 
-    dispatched, completed = set(soak.entries), set(final.completed)
-    letters = final.dead_lettered
+
+def judge(
+    group: str,
+    final: Snapshot,
+    effects: dict[str, list[tuple[str, int]]],
+    dispatched: set[str],
+    poison: set[str],
+) -> GroupVerdict:
+    completed, letters = set(final.completed), final.dead_lettered
     lost = dispatched - completed - letters - final.unsettled()
     double = {  # more than one committed file or accepted attempt, or a file not accepted
         issue
@@ -181,24 +223,110 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
     }
     # Every completed issue without its committed file, whatever happened to it meanwhile.
     missing = {i for i in completed if not effects[i] and i not in double}
-    other_letters = letters - soak.poison
-    opts, tally = soak.opts, soak.tally
-    lines = [
+    unfinished = dispatched - completed - letters
+    return GroupVerdict(group, final, effects, lost, double, missing, letters - poison, unfinished)
+
+
+def header(soak: Soak) -> str:
+    opts = soak.opts
+    runtimes = Counter(seat.runtime for seat in soak.seats if seat.group == soak.groups[0])
+    fleet = ", ".join(f"{runtime} {n}" for runtime, n in sorted(runtimes.items()))
+    groups = (
+        f"{len(soak.groups)} consumer groups on the one stream ({', '.join(soak.groups)}), "
+        "each with agents of its own and each to finish every issue once"
+        if len(soak.groups) > 1
+        else "1 consumer group"
+    )
+    users = (
+        "each agent id its own least-privilege Redis user (rig-conductor redis-acl, kept in "
+        "Redis's aclfile)"
+        if opts.agent_users
+        else "agents as Redis's default user"
+    )
+    redis = (
+        f"{opts.redis_restarts} Redis restarts (empty)"
+        if opts.redis_restarts
+        else "Redis restarts EXCLUDED (--redis-restarts 0)"
+    )
+    return (
         f"rig-conductor chaos soak {soak.run_id}: {opts.issues} issues ({len(soak.poison)} "
         f"poison), {opts.agents} agents, an agent SIGKILLed every {opts.kill_every:g}s, "
         f"{opts.conductor_restarts} conductor restarts, {opts.conductor_outages} conductor "
         f"outages and {opts.postgres_outages} PostgreSQL outages of {opts.outage_s:g}s, "
-        f"{opts.redis_restarts} Redis restarts (empty), {opts.degraded_agents} always-degraded "
-        f"agents, the first attempt of every {opts.hang_every}th issue hung",
+        f"{redis}, {opts.degraded_agents} always-degraded "
+        f"agents, the first attempt of every {opts.hang_every}th issue hung; fleet "
+        f"{opts.fleet} ({fleet} agent processes a group); {groups}; {users}"
+    )
+
+
+def per_group(verdicts: list[GroupVerdict], count: Callable[[GroupVerdict], int]) -> str:
+    """`N`, or with several groups `N (group-a n, group-b m)`."""
+    total = sum(count(v) for v in verdicts)
+    if len(verdicts) == 1:
+        return str(total)
+    return f"{total} ({', '.join(f'{v.group} {count(v)}' for v in verdicts)})"
+
+
+def agent_user_lines(soak: Soak) -> tuple[list[str], dict[str, set[str]]]:
+    """With --agent-users: the users made and seen connected, and the NOPERM refusals in the
+    agents' logs (a least-privilege user that does not suffice); the lines and the problems."""
+    if not soak.opts.agent_users:
+        return [], {}
+    refused = {
+        c.name
+        for c in soak.children
+        if c not in soak.conductors and "NOPERM" in c.log.read_text(errors="replace")
+    }
+    unseen = set(soak.passwords) - soak.users_seen
+    lines = [
+        f"agent redis users: {len(soak.passwords)} (seen connected: {len(soak.users_seen)})",
+        f"NOPERM refusals: {len(refused)}",
+    ]
+    return lines, {"NOPERM refused agents": refused, "agent users never seen": unseen}
+
+
+async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float) -> bool:
+    """Print the counts, a `name: value` a line (with several groups, each count is the sum
+    over the groups, followed by each group's); True when the run failed."""
+    dispatched = set(soak.entries)
+    verdicts = []
+    for group in soak.groups:
+        final = await snapshot(redis, db, tenant=soak.tenant, stream=soak.stream, group=group)
+        effects = read_effects(soak.out / group)
+        verdicts.append(judge(group, final, effects, dispatched, soak.poison))
+    per_issue = Counter(f.get("issueId", "") for _, f in await redis.xrange(soak.stream))
+    twice = sorted(issue for issue, n in per_issue.items() if n > 1)
+    rows = await db.execute(
+        "SELECT count(*) FROM events WHERE tenant = %s AND stream = %s AND fenced",
+        (soak.tenant, soak.stream),
+    )
+    fenced = await rows.fetchone()
+    logs = read_logs((c.log.read_text(errors="replace") for c in soak.conductors), soak.stream)
+    by_reason = Counter(r.reason for r in logs.reclaims)
+    lifetimes = {c.name: (c.started_at, c.ended_at) for c in soak.children}
+    live = live_reclaims(logs.reclaims, lifetimes)
+    user_lines, user_problems = agent_user_lines(soak)
+
+    poison = soak.poison
+    letters = per_group(verdicts, lambda v: len(v.final.dead_lettered))
+    poisoned = per_group(verdicts, lambda v: len(v.final.dead_lettered & poison))
+    others = per_group(verdicts, lambda v: len(v.other_letters))
+    left = per_group(verdicts, lambda v: len(v.final.pending))
+    undelivered = per_group(verdicts, lambda v: len(v.final.undelivered))
+    staged = sum(len(list((soak.out / group).glob(".*.tmp"))) for group in soak.groups)
+    opts, tally = soak.opts, soak.tally
+    several = len(verdicts) > 1
+    lines = [
+        header(soak),
         f"dispatched: {len(dispatched)}",
-        f"completed: {len(completed)}",
-        f"dead-lettered: {len(letters)} (poison {len(letters & soak.poison)} of "
-        f"{len(soak.poison)}, other {len(other_letters)}; by the reaper {logs.dead_lettered})",
-        f"lost: {len(lost)}",
-        f"unfinished: {len(dispatched - completed - letters)}",
-        f"pending entries left: {len(final.pending)} (undelivered: {len(final.undelivered)})",
-        f"double-committed effects: {len(double)}",
-        f"missing effects: {len(missing)}",
+        f"completed: {per_group(verdicts, lambda v: len(v.final.completed))}",
+        f"dead-lettered: {letters} (poison {poisoned} of {len(poison)}"
+        f"{' a group' if several else ''}, other {others}; by the reaper {logs.dead_lettered})",
+        f"lost: {per_group(verdicts, lambda v: len(v.lost))}",
+        f"unfinished: {per_group(verdicts, lambda v: len(v.unfinished))}",
+        f"pending entries left: {left} (undelivered: {undelivered})",
+        f"double-committed effects: {per_group(verdicts, lambda v: len(v.double))}",
+        f"missing effects: {per_group(verdicts, lambda v: len(v.missing))}",
         f"fenced reports: {fenced[0] if fenced else 0}",
         f"reclaims: {len(logs.reclaims)}",
         "reclaims by reason: "
@@ -207,29 +335,43 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
         f"blind spells: {len(logs.blind_spells)} ({sum(logs.blind_spells):.1f}s in all)",
         f"redis data losses seen: {logs.redis_losses}",
         f"issues dispatched twice: {len(twice)}",
-        f"orphaned staged files: {len(list(soak.out.glob('.*.tmp')))}",
+        f"orphaned staged files: {staged}",
+        *user_lines,
         *(f"{name}: {tally[name]}" for name in TALLIES),
         f"duration: {elapsed:.1f}s",
     ]
-    for entry_id, (issue, holder, deliveries) in sorted(final.pending.items())[:10]:
-        state = "done" if issue in final.done else "not done"
-        held = f"held by {holder} after {deliveries} deliveries"
-        lines.append(f"pending {entry_id}: issue {issue} ({state}), {held}")
+    for v in verdicts:
+        for entry_id, (issue, holder, deliveries) in sorted(v.final.pending.items())[:10]:
+            state = "done" if issue in v.final.done else "not done"
+            held = f"held by {holder} after {deliveries} deliveries"
+            where = f" in group {v.group}" if several else ""
+            lines.append(f"pending {entry_id}{where}: issue {issue} ({state}), {held}")
     for reclaim in live[:10]:
         when = datetime.fromtimestamp(reclaim.at).isoformat(timespec="milliseconds")
         lines.append(
             f"live agent reclaimed: {reclaim.entry_id} at {when}, "
             f"{reclaim.source} (alive) -> {reclaim.target}"
         )
-    problems = {"lost": lost, "double-committed": double, "missing effects": missing}
-    problems |= {"non-poison dead-lettered": other_letters, "dispatched twice": set(twice)}
+    problems: dict[str, set[str]] = {}
+    stories: dict[str, set[str]] = {}
+    effects: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for v in verdicts:
+        where = f" in group {v.group}" if several else ""
+        problems |= {f"lost{where}": v.lost, f"double-committed{where}": v.double}
+        problems |= {f"missing effects{where}": v.missing}
+        problems |= {f"non-poison dead-lettered{where}": v.other_letters}
+        stories |= {f"missing effect{where}": v.missing, f"double-committed{where}": v.double}
+        stories |= {f"lost{where}": v.lost}
+        for issue, files in v.effects.items():
+            effects[issue] += files
+    problems |= {"dispatched twice": set(twice)}
     problems |= {"not dispatched": set(soak.issues) - dispatched}
     problems |= {"live agents reclaimed": {r.entry_id for r in live}}
+    problems |= user_problems
     for name, issues in problems.items():
         if issues:
             shown = sorted(issues)
             lines.append(f"{name}: {', '.join(shown[:20])}{' ...' if len(shown) > 20 else ''}")
-    stories = {"missing effect": missing, "double-committed": double, "lost": lost}
     lines += await timelines(soak, db, stories, effects)
     if not settled:
         lines.append(f"did not settle within {opts.timeout:g}s")
@@ -248,8 +390,9 @@ async def timelines(
     """The timeline of every issue of `stories` (what is wrong -> those issues)."""
     from chaos_timeline import timeline
 
-    agents = {c.name: c.log.read_text(errors="replace") for c in soak.children}
-    agents = {name: text for name, text in agents.items() if name.startswith("chaos-")}
+    agents = {
+        c.name: c.log.read_text(errors="replace") for c in soak.children if c not in soak.conductors
+    }
     lines: list[str] = []
     for what, issues in stories.items():
         for issue in sorted(issues):

@@ -1,15 +1,17 @@
 """The story of an issue the chaos soak found wrong (its effect missing or committed twice, or
 the issue lost), for the report: the issue's rows in the event log, oldest first (when, kind,
-consumer, attempt, fenced, detail; a row about a batch of entries counts when the batch holds
-one of the issue's), beside the agents' log lines about its entries and the soak's own faults
-(the kills of the consumers in the story, reclaim targets included, and every scheduled fault
-from the story's start).
+consumer, group, attempt, fenced, detail; a row about a batch of entries counts when the batch
+holds one of the issue's), beside the agents' log lines about its entries (the Python runtime's
+JSON records, the TypeScript runtime's `<time> <LEVEL> rig-agent: <message>` lines) and the
+soak's own faults (the kills of the consumers in the story, reclaim targets included, and every
+scheduled fault from the story's start).
 A failed run then says what happened to each such issue without a search through its logs.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -23,7 +25,7 @@ WITH ids AS (
     UNION SELECT unnest(%s::text[])
 )
 SELECT extract(epoch FROM occurred_at), kind, consumer, attempt, fenced, entry_id,
-       cardinality(entry_ids), detail
+       cardinality(entry_ids), detail, group_name
 FROM events
 WHERE tenant = %s
   AND (issue_id = %s OR entry_id IN (SELECT entry_id FROM ids)
@@ -31,6 +33,8 @@ WHERE tenant = %s
 ORDER BY occurred_at, id
 """
 DETAIL_CHARS = 200
+# A line of the TypeScript runtime's log (`clients/typescript/src/log.ts`).
+TEXT_LINE = re.compile(r"(\S+) (?:INFO|WARNING|ERROR) rig-agent: (.*)")
 
 
 @dataclass(frozen=True, order=True)
@@ -52,11 +56,13 @@ class Fault:
 
 def event_text(row: Sequence[Any]) -> tuple[float, str, str | None]:
     """(when, the row as a line, its consumer) of one row of EVENTS."""
-    at, kind, consumer, attempt, fenced, entry_id, batch, detail = row
+    at, kind, consumer, attempt, fenced, entry_id, batch, detail, group = row
     parts = [str(kind)]
     parts.append(f"entry {entry_id}" if entry_id else f"batch of {batch or 0} entries")
     if consumer:
         parts.append(f"consumer {consumer}")
+    if group:
+        parts.append(f"group {group}")
     if attempt is not None:
         parts.append(f"attempt {attempt}")
     if fenced:
@@ -68,20 +74,30 @@ def event_text(row: Sequence[Any]) -> tuple[float, str, str | None]:
 
 
 def log_lines(logs: Mapping[str, str], entry_ids: Iterable[str]) -> list[Happening]:
-    """The JSON records of each process's log (name -> its text) that name one of the entries."""
+    """The records of each process's log (name -> its text) that name one of the entries: JSON
+    records, and the TypeScript runtime's text lines."""
     ids = [entry_id for entry_id in entry_ids if entry_id]
     found = []
     for name, text in logs.items():
         for line in text.splitlines():
-            if not line.startswith("{") or not any(i in line for i in ids):
-                continue
-            try:
-                record = json.loads(line)
-                at = datetime.fromisoformat(record["time"]).timestamp()
-            except (ValueError, KeyError, TypeError):
-                continue
-            found.append(Happening(at, name, str(record.get("message", ""))))
+            if any(i in line for i in ids) and (record := parse_line(line)) is not None:
+                found.append(Happening(record[0], name, record[1]))
     return found
+
+
+def parse_line(line: str) -> tuple[float, str] | None:
+    """(when, message) of a log line, or None for anything else (a crash's last words)."""
+    try:
+        if line.startswith("{"):
+            record = json.loads(line)
+            return datetime.fromisoformat(record["time"]).timestamp(), str(
+                record.get("message", "")
+            )
+        if matched := TEXT_LINE.fullmatch(line):
+            return datetime.fromisoformat(matched.group(1)).timestamp(), matched.group(2)
+    except (ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def story(

@@ -1,6 +1,8 @@
 """Servers of a bench's own, which it may stop and start: a PostgreSQL cluster (initdb, pg_ctl)
 and a redis-server without persistence, each on a free port with its files in a temporary
 directory. It touches no other server on the machine: every process it stops is one it started.
+The Redis may keep its ACL users in an aclfile (`ACL SAVE` writes it), which a restart reads
+again, as an operator's Redis does: data is lost with the restart, users are not.
 
 PostgreSQL runs as the `postgres` user when the bench runs as root (initdb refuses root), with
 its files under the system's temporary directory, where that user can reach them. Debian keeps
@@ -13,6 +15,7 @@ import contextlib
 import glob
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -131,13 +134,25 @@ class PrivatePostgres:
         return self.url(name)
 
 
+def redis_server_version() -> tuple[int, ...]:
+    """The version of the redis-server `PrivateRedis` runs (`redis-server --version`)."""
+    binary = _binary("redis-server", "/usr/bin/redis-server")
+    done = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    found = re.search(r"\bv=(\d+(?:\.\d+)*)", done.stdout)
+    if found is None:
+        raise ServerError(f"{binary} --version said {done.stdout.strip()!r}: no version in it")
+    return tuple(int(part) for part in found.group(1).split("."))
+
+
 @dataclass
 class PrivateRedis:
-    """One redis-server on 127.0.0.1 without persistence: a restart starts it empty."""
+    """One redis-server on 127.0.0.1 without persistence: a restart starts it empty. With
+    `aclfile`, its users live in `acl_path` (`ACL SAVE`), loaded again at every start."""
 
     directory: Path
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    aclfile: bool = False
 
     @property
     def url(self) -> str:
@@ -147,11 +162,18 @@ class PrivateRedis:
     def log(self) -> Path:
         return self.directory / "redis.log"
 
+    @property
+    def acl_path(self) -> Path:
+        return self.directory / "users.acl"
+
     def start(self) -> None:
         self.port = self.port or free_port()
         command = [_binary("redis-server", "/usr/bin/redis-server"), "--port", str(self.port)]
         command += ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         command += ["--daemonize", "no", "--dir", str(self.directory)]
+        if self.aclfile:
+            self.acl_path.touch()  # Redis refuses to start on a missing aclfile; empty is fine
+            command += ["--aclfile", str(self.acl_path)]
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 command,
@@ -222,9 +244,9 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 @contextlib.contextmanager
-def private_redis() -> Iterator[PrivateRedis]:
+def private_redis(*, aclfile: bool = False) -> Iterator[PrivateRedis]:
     with tempfile.TemporaryDirectory(prefix="rig-bench-redis-") as directory:
-        server = PrivateRedis(Path(directory))
+        server = PrivateRedis(Path(directory), aclfile=aclfile)
         try:
             server.start()
             yield server

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from chaos import Database
+from chaos_report import Database
 from chaos_timeline import Fault, timeline
 
 T0 = datetime(2026, 11, 28, 12, 0, 0, tzinfo=UTC)
@@ -41,10 +41,11 @@ async def db(database_url: str, engine: AsyncEngine) -> AsyncIterator[Database]:
 
 async def plant(engine: AsyncEngine, *rows: dict[str, Any]) -> None:
     columns = ("tenant", "occurred_at", "kind", "consumer", "entry_id", "entry_ids")
-    columns += ("issue_id", "attempt", "fenced", "detail")
+    columns += ("issue_id", "attempt", "fenced", "detail", "group_name")
     async with engine.begin() as conn:
         for row in rows:
             values = {"tenant": TENANT, "consumer": None, "entry_id": None, "entry_ids": None}
+            values["group_name"] = None
             values |= {"issue_id": None, "attempt": None, "fenced": False, "detail": {}} | row
             values["detail"] = json.dumps(values["detail"])
             await conn.execute(
@@ -146,4 +147,51 @@ async def test_an_issue_without_a_row_says_so(engine: AsyncEngine, db: Database)
     assert lines == [
         "timeline of nowhere (lost), 0 happenings:",
         "    (nothing in the event log, the agents' logs or the faults)",
+    ]
+
+
+async def test_the_typescript_agents_lines_and_each_rows_group_are_in_the_story(
+    engine: AsyncEngine, db: Database
+) -> None:
+    """A mixed fleet: the TypeScript runtime logs text lines, not JSON; with several groups
+    each row says which group it was in."""
+    mine = "chaos-run1-00009"
+    await plant(
+        engine,
+        {"occurred_at": at(0), "kind": "ISSUE_ASSIGNED", "entry_id": "200-0", "issue_id": mine},
+        {
+            "occurred_at": at(1),
+            "kind": "WORK_STARTED",
+            "entry_id": "200-0",
+            "issue_id": mine,
+            "consumer": "chaos2-w1-1",
+            "group_name": "chaos2",
+            "attempt": 1,
+        },
+    )
+    stamp = at(1.5).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    agent_logs = {
+        "chaos2-w1-1": "\n".join(
+            [
+                f"{stamp} WARNING rig-agent: Abandoned entry 200-0 (attempt 1): no progress",
+                "file:///x.mjs:1 throw new Error('200-0')",  # a crash's last words
+            ]
+        ),
+    }
+
+    lines = await timeline(
+        db,
+        tenant=TENANT,
+        issue=mine,
+        what="lost in group chaos2",
+        entry_ids=["200-0"],
+        logs=agent_logs,
+        faults=[],
+    )
+
+    story = [" ".join(line.split("s  ", 1)[1].split()) for line in lines[1:]]
+    assert story == [
+        "event ISSUE_ASSIGNED entry 200-0",
+        "event WORK_STARTED entry 200-0 consumer chaos2-w1-1 group chaos2 attempt 1",
+        "chaos2-w1-1 Abandoned entry 200-0 (attempt 1): no progress",
     ]
