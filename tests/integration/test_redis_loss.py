@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
-from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.postgres import recovery, work
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.app import create_app
 from rig_conductor.domain import StagedOutput, StreamKey
@@ -388,3 +388,33 @@ async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
     assert carried_from == {"builders": lagging, "reviewers": unpublished}
     quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
+
+
+async def test_a_start_of_the_new_entry_waits_for_the_rows_that_carry_the_finished_work(
+    redis: Redis, engine: AsyncEngine
+) -> None:
+    """An agent reads the entry appended again the moment it is appended, and starts it before
+    the recovery has written the new entry's rows: the start waits for them, and a group that
+    had finished the dispatch is answered "done" rather than given attempt 1."""
+    entry = await dispatched(redis, engine, "rc-1")
+    await finish(engine, entry, "rc-1", "builders", "b-0")
+    await finish(engine, entry, "rc-1", "reviewers", "r-0")
+    dispatch = dispatch_rows.RecentDispatch("rc-1", S, entry, "rc-1", "builder", fields("rc-1"))
+    fence = await recovery.supersede(
+        engine, tenant="default", dispatch=dispatch, expected=["builders", "reviewers", "qa"]
+    )
+    assert fence is not None  # "qa" has not done it: it comes back
+    async with recovery.appending(engine, tenant="default", dispatch=dispatch) as conn:
+        appended = await redis.xadd(S, fields("rc-1"))
+        start = asyncio.create_task(
+            grouped(engine, "WORK_STARTED", appended, "rc-1", "reviewers", "r-1")
+        )
+        await asyncio.sleep(0.5)
+        assert not start.done(), "the start did not wait for the new entry's rows"
+        assert await recovery.reappended(
+            conn, tenant="default", dispatch=dispatch, entry_id=appended, carries=fence.carries
+        )
+    outcome = await asyncio.wait_for(start, timeout=10)
+    assert (outcome.accepted, outcome.state) == (False, "done")
+    qa = await grouped(engine, "WORK_STARTED", appended, "rc-1", "qa", "q-1")
+    assert (qa.accepted, qa.attempt) == (True, 1)

@@ -239,14 +239,24 @@ async def _fence_and_append(
                 marker,
             )
         return
-    if action == "append":
-        entry_id, appended = await redispatch.append_dispatch(client, dispatch, settings=settings)
-    else:
-        assert marker is not None
-        entry_id, appended = EntryId(marker), False
-    if not await recovery.reappended(
-        engine, tenant=settings.tenant, dispatch=dispatch, entry_id=entry_id, carries=fence.carries
-    ):
+    # Appended and recorded under the append lock: an agent that starts the new entry at once
+    # waits for the rows that carry each group's finished work.
+    async with recovery.appending(engine, tenant=settings.tenant, dispatch=dispatch) as conn:
+        if action == "append":
+            entry_id, appended = await redispatch.append_dispatch(
+                client, dispatch, settings=settings
+            )
+        else:
+            assert marker is not None
+            entry_id, appended = EntryId(marker), False
+        recorded = await recovery.reappended(
+            conn,
+            tenant=settings.tenant,
+            dispatch=dispatch,
+            entry_id=entry_id,
+            carries=fence.carries,
+        )
+    if not recorded:
         tally.elsewhere += 1
         return
     tally.appended += 1

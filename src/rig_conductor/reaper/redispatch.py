@@ -88,7 +88,8 @@ async def _append_again(
     entry_id, appended = await append_dispatch(redis, item, settings=settings)
     if not appended:
         return False
-    await recovery.reappended(engine, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
+    async with engine.begin() as conn:
+        await recovery.reappended(conn, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
     if metrics is not None:
         metrics.redispatched.labels(item.stream, REASON).inc()
     logger.warning(

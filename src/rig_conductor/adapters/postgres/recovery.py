@@ -13,7 +13,8 @@ first what was accepted and not published yet. A group that has not finished it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -282,8 +283,41 @@ def _carry_of(row: Any) -> Carry:
     return Carry(row.attempt, row.consumer, outputs, row.group_name, row.first)
 
 
+# The lock a recovery's append holds until the new entry's rows are written, and the first start
+# of an entry waits on (shared): keyed by tenant, stream and issue, as the agent reports them.
+_APPEND_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+_WAIT_FOR_APPEND = text("SELECT pg_advisory_xact_lock_shared(hashtextextended(:key, 0))")
+
+
+def _lock_key(tenant: str, stream: str, issue_id: str) -> str:
+    return f"{tenant}\x1f{stream}\x1f{issue_id}"
+
+
+@contextlib.asynccontextmanager
+async def appending(
+    engine: AsyncEngine, *, tenant: str, dispatch: RecentDispatch
+) -> AsyncIterator[AsyncConnection]:
+    """A transaction to append the dispatch again in, and to record its new entry
+    (`reappended`): an agent that reads the new entry and starts it at once waits
+    (`wait_for_append`) until the rows that carry each group's finished work are written, so it
+    is answered "done" rather than given a new attempt."""
+    async with engine.begin() as conn:
+        key = _lock_key(tenant, dispatch.stream, dispatch.issue_id)
+        await conn.execute(_APPEND_LOCK, {"key": key})
+        yield conn
+
+
+async def wait_for_append(
+    conn: AsyncConnection, *, tenant: str, stream: str, issue_id: str | None
+) -> None:
+    """Wait, in a WORK_STARTED's transaction, for a recovery appending this issue's dispatch
+    again to have written the new entry's rows (`appending`)."""
+    if issue_id is not None:
+        await conn.execute(_WAIT_FOR_APPEND, {"key": _lock_key(tenant, stream, issue_id)})
+
+
 async def reappended(
-    engine: AsyncEngine,
+    conn: AsyncConnection,
     *,
     tenant: str,
     dispatch: RecentDispatch,
@@ -298,30 +332,29 @@ async def reappended(
     at that attempt, with the outputs still to publish, and a WORK_COMPLETED row that says
     where it came from. Its holder in that group is answered "done" (with the outputs to
     publish), and acks."""
-    async with engine.begin() as conn:
-        moved = await conn.execute(
-            dispatches.update()
-            .where(
-                dispatches.c.tenant == tenant,
-                dispatches.c.idempotency_key == dispatch.key,
-                dispatches.c.entry_id == dispatch.entry_id,
-            )
-            .values(entry_id=entry_id)
-            .returning(dispatches.c.entry_id)
+    moved = await conn.execute(
+        dispatches.update()
+        .where(
+            dispatches.c.tenant == tenant,
+            dispatches.c.idempotency_key == dispatch.key,
+            dispatches.c.entry_id == dispatch.entry_id,
         )
-        if moved.first() is None:
-            return False
-        await assigned(
-            conn,
-            tenant,
-            dispatch.agent_id,
-            dispatch.stream,
-            entry_id,
-            dispatch.issue_id,
-            {"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
-        )
-        for carry in carries:
-            await _carry(conn, tenant, dispatch, entry_id, carry)
+        .values(entry_id=entry_id)
+        .returning(dispatches.c.entry_id)
+    )
+    if moved.first() is None:
+        return False
+    await assigned(
+        conn,
+        tenant,
+        dispatch.agent_id,
+        dispatch.stream,
+        entry_id,
+        dispatch.issue_id,
+        {"idempotencyKey": dispatch.key, "replaces": dispatch.entry_id},
+    )
+    for carry in carries:
+        await _carry(conn, tenant, dispatch, entry_id, carry)
     return True
 
 

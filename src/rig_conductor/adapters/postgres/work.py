@@ -12,7 +12,7 @@ from sqlalchemy import func, or_, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from rig_conductor.adapters.postgres import lanes
+from rig_conductor.adapters.postgres import lanes, recovery
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
 from rig_conductor.domain import EntryId, GroupName, Progress, StagedOutput, StreamKey
 
@@ -80,6 +80,10 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
     }
     kind = "UNPUBLISHABLE" if report.kind == "WORK_PUBLISHED" and report.missing else report.kind
     async with engine.begin() as conn:
+        if report.kind == "WORK_STARTED":
+            await recovery.wait_for_append(
+                conn, tenant=tenant, stream=report.stream, issue_id=report.issue_id
+            )
         lane = await lanes.lane_of(conn, params)
         row = (await conn.execute(lane.statement(kind), _parameters(report, params))).first()
         if row is None and lane is lanes.FIRST and report.kind == "WORK_STARTED":
