@@ -72,11 +72,14 @@ bench: install
 
 ## Chaos soak on servers of its own: agents SIGKILLed, conductors restarted and stopped, PostgreSQL
 ## stopped, Redis restarted empty; exit 1 on lost or doubled work or a live agent reclaimed.
+## CHAOS='--fleet mixed --groups 2 --agent-users': Python and TypeScript agents in each of two
+## groups, each agent its own Redis user (bench/chaos.py --help lists every option).
+CHAOS ?=
 chaos: install
-	$(BIN)/python bench/chaos.py
+	$(BIN)/python bench/chaos.py $(CHAOS)
 
 chaos-quick: install
-	$(BIN)/python bench/chaos.py --quick
+	$(BIN)/python bench/chaos.py --quick $(CHAOS)
 
 ## Helm chart and Dockerfile checks (tests/chart): real helm, kubernetes-validate, promtool, hadolint, checkov.
 chart: install
