@@ -147,7 +147,7 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
 
     async def handler(entry: Entry) -> None:
         await entry.progress()
-        await asyncio.get_running_loop().run_in_executor(None, moved.wait, 10)
+        await asyncio.get_running_loop().run_in_executor(None, moved.wait, 60)
         try:
             await entry.progress()
         except Fenced:
@@ -156,7 +156,7 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
 
     entry_id = await dispatch(conductor, "rc-moved")
     async with running(handler, settings()):
-        await wait_for(lambda: _state(engine, entry_id, "running"))
+        await wait_for(lambda: _state(engine, entry_id, "running"), within=60)
         # The reaper moved it elsewhere: a new attempt is reserved for the target.
         await work.reclaimed(
             engine,
@@ -167,4 +167,4 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
             entry_ids=[entry_id],
         )
         moved.set()
-        await wait_for(lambda: outcome == ["fenced"])
+        await wait_for(lambda: outcome == ["fenced"], within=60)
