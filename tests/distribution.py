@@ -23,7 +23,7 @@ SPARK_FILES = frozenset(
         "tests/integration/test_audit.py",
         "tests/integration/test_audit_at_scale.py",
         "tests/integration/test_audit_cluster.py",
-        "tests/unit/test_audit_reconcile.py",
+        "tests/spark/test_audit_reconcile.py",
     }
 )
 SPARK = "spark"

@@ -178,7 +178,7 @@ class _Parts:
     async def stop(self) -> None:
         # The server takes no more requests once its shutdown reaches here, so this replica
         # stops marking itself as listening first: a scan still running may take seconds to
-        # finish, and that time must count as blind (reaper rule 3), not as time in which the
+        # finish, and that time counts as blind (rule 3, docs/rules.md), not as time in which the
         # agents' heartbeats could have landed.
         await self.heartbeats.stop()
         if self.pods is not None:

@@ -290,7 +290,7 @@ class GroupMeasure:
     group: str
     pending: int
     consumers: int
-    consumers_down: int  # consumers holding entries that rule 3 judges down
+    consumers_down: int  # consumers holding entries that rule 3 (docs/rules.md) judges down
     held_by_down: int  # the entries those consumers hold
     oldest_idle_ms: int | None
     top: tuple[ConsumerMeasure, ...]  # most pending first, at most TOP_CONSUMERS

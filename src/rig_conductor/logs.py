@@ -60,7 +60,7 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
 # A str as JSON, exactly as json.dumps writes it, without building an encoder per call.
 _quote = json.encoder.encode_basestring_ascii
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-# The line of every moved entry (contract, reaper rule 8), whoever moved it.
+# The line of every moved entry (reaper rule 8, docs/rules.md), whoever moved it.
 RECLAIMED = "[StreamReclaim] Reclaimed {entryId} on {stream}: {fromConsumer} -> {toConsumer}"
 # How the text log writes each control character: short escapes where Python has them.
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -150,7 +150,7 @@ class Metrics:
         self.dispatched = Counter(
             "rig_dispatched_entries", "ISSUE_ASSIGNED entries appended", ["stream"], registry=r
         )
-        # Blind spells (reaper rule 3): time no conductor could take heartbeats in.
+        # Blind spells (reaper rule 3, docs/rules.md): time no conductor could take heartbeats in.
         self.blind_spells = Counter(
             "rig_blind_seconds",
             "Seconds of blind spells this replica saw end: no conductor sharing the database "

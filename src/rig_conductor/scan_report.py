@@ -58,7 +58,7 @@ class ScanReport(_Report):
     nodes_failed: list[str] = Field(default_factory=list)
     # Dispatches Redis had lost (a failover, a restart), appended again (`reaper.redispatch`).
     redispatched: int = 0
-    # Blind time inside the window that decided who is down (reaper rule 3): silent agents
+    # Blind time inside the window that decided who is down (rule 3, docs/rules.md): silent agents
     # count as down this much later than RIG_AGENT_DOWN_MS.
     blind_ms: int = 0
     # Dispatch streams whose Redis this scan found had lost its data (`reaper.redis_loss`).

@@ -118,7 +118,7 @@ class Settings(RigSettings):
         ge=0,
     )
     # Checked against RIG_AGENT_DOWN_MS: forgetting an agent sooner would make it "never heard
-    # from", so down (rule 3), before its silence had lasted RIG_AGENT_DOWN_MS.
+    # from", so down (rule 3, docs/rules.md), before its silence had lasted RIG_AGENT_DOWN_MS.
     agent_forget_ms: int = Field(
         description=(
             "an agent or consumer not heard from for this long leaves the registry: its "

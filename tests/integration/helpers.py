@@ -72,6 +72,39 @@ async def wait_for(
     raise AssertionError(f"condition not met in time{': ' if said else ''}{said}")
 
 
+async def eventually(
+    check: Callable[[], object], within: float = 15.0, *, every: float = 0.05
+) -> None:
+    """Run `check` (plain or async) until it stops raising AssertionError, or re-raise its last
+    failure after `within` seconds: an assertion waited on, with the assertion's own message."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            result = check()
+            if asyncio.iscoroutine(result):
+                await result
+            return
+        except AssertionError:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(every)
+
+
+async def idle_at_least(
+    redis: Redis, stream: str, group: str, ms: int, *, within: float = 15.0
+) -> None:
+    """Wait until every entry pending in `group` has been idle at least `ms` by Redis' own clock
+    (the idle time a scan reads), instead of sleeping for `ms` and hoping the clocks agree."""
+
+    async def idle() -> None:
+        rows = await redis.xpending_range(stream, group, min="-", max="+", count=1_000_000)
+        assert rows, f"nothing pending in {group} of {stream}"
+        least = min(row["time_since_delivered"] for row in rows)
+        assert least >= ms, f"least idle {least} ms in {group} of {stream}, waiting for {ms}"
+
+    await eventually(idle, within)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -4,7 +4,6 @@ with the contract's fields, logs one line per entry, records rows and counts."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
@@ -23,7 +22,7 @@ from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import TargetCandidate
 from tests import reclaim_kit
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, idle_at_least, owners, read, register
 
 S, G = domain.StreamKey("rig:dispatch"), domain.GroupName("workers")
 OWNER, TARGET = ConsumerName("dead-0"), ConsumerName("live-0")
@@ -40,7 +39,7 @@ async def held_entries(redis: Redis) -> tuple[list[str], list[PendingEntry]]:
     for entry_id in ids[:2]:
         for _ in range(MAX_DELIVERIES - 1):  # XCLAIM without JUSTID counts a delivery
             await redis.xclaim(S, G, OWNER, 0, [entry_id])
-    await asyncio.sleep(1.0)  # the guard each claim carries: about a second of idle time
+    await idle_at_least(redis, S, G, 1000)  # the guard each claim carries: a second or more
     rows = await redis.xpending_range(S, G, min="-", max="+", count=100)
     entries = [
         PendingEntry(

@@ -3,7 +3,6 @@ every view and action. The browser tests (tests/browser) drive the same pages in
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
@@ -33,7 +32,7 @@ from .console_kit import (
     sign_in,
     stuck,
 )
-from .helpers import owners, register
+from .helpers import idle_at_least, owners, register
 
 
 async def test_a_viewer_sees_everything_and_may_change_nothing(
@@ -227,7 +226,7 @@ async def test_a_move_guards_each_entry_with_the_idle_time_redis_reported(
     touches between that look and the claim stays where it is."""
     held = await stuck(redis, console, 2)
     csrf = await sign_in(console, OPERATOR)
-    await asyncio.sleep(0.2)  # both entries idle ~200 ms when the move looks
+    await idle_at_least(redis, S, G, 200)  # both entries idle 200 ms or more when the move looks
     looked_up = redis_inspect.held_by
 
     async def then_touched(*args: Any, **kwargs: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,7 @@ from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests import redis_kit
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, idle_at_least, owners, read, register
 
 S, G = "rig:dispatch", "workers"
 STALE_MS = 200
@@ -54,7 +53,7 @@ async def scene(redis: Redis, engine: AsyncEngine, *, held: int = 3) -> list[str
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", held)
     await register(redis, S, G, "review-e-rig-agent-runtime-0")
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    await idle_at_least(redis, S, G, STALE_MS)
     return ids
 
 
@@ -169,7 +168,7 @@ async def test_live_owners_and_fresh_entries_are_left_alone(
     ids = await fill(redis, S, G, 4)
     await read(redis, S, G, "review-e-rig-agent-runtime-0", 2)  # live agent, stale entries
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
-    await asyncio.sleep(stale_ms / 1000 + 0.05)
+    await idle_at_least(redis, S, G, stale_ms)
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)  # dead agent, fresh entries
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert report.reclaimed == 0 and report.no_target == 0
@@ -186,7 +185,7 @@ async def test_no_target_is_counted_and_logged(
 ) -> None:
     ids = await fill(redis, S, G, 2)
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    await idle_at_least(redis, S, G, STALE_MS)
     with caplog.at_level(logging.INFO, logger="rig_conductor"):
         report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert (report.reclaimed, report.no_target) == (0, 2)
@@ -279,7 +278,8 @@ async def test_every_stream_matching_a_pattern_is_scanned(
         await read(redis, stream, "agents", "review-e-codex-rig-agent-runtime-0", 2)
         await register(redis, stream, "agents", "review-e-rig-agent-runtime-0")
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    for stream in ("assignments:review-e", "assignments:dev-e"):
+        await idle_at_least(redis, stream, "agents", STALE_MS)
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert (report.streams, report.groups, report.reclaimed) == (2, 2, 4)
 

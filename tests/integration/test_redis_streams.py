@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import pytest
@@ -12,7 +11,7 @@ from rig_conductor.adapters import redis_streams, redis_sweep
 from rig_conductor.domain import ConsumerName, GroupInfo, GroupName, PendingEntry, StreamKey
 from tests import redis_kit
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, idle_at_least, owners, read, register
 
 S, G = StreamKey("rig:dispatch"), GroupName("workers")
 
@@ -125,7 +124,7 @@ async def test_pending_entries_pages_the_whole_list(any_redis: Redis) -> None:
 async def test_pending_entries_filters_by_idle(any_redis: Redis) -> None:
     await fill(any_redis, S, G, 4)
     await read(any_redis, S, G, "a-0", 2)
-    await asyncio.sleep(0.25)
+    await idle_at_least(any_redis, S, G, 250)
     await read(any_redis, S, G, "a-0", 2)
     entries = await redis_kit.pending_entries(
         any_redis, stream=S, group=G, min_idle_ms={ConsumerName("a-0"): 200}
@@ -169,7 +168,7 @@ async def test_sweep_moves_entries_without_raising_delivery_count(any_redis: Red
     ids = await fill(any_redis, S, G, 2500)
     await read(any_redis, S, G, "a-0", 2500)
     await register(any_redis, S, G, "b-0")
-    await asyncio.sleep(0.02)
+    await idle_at_least(any_redis, S, G, 20)  # the guard a claim carries is above 0
     assert sorted(await _sweep(any_redis, "b-0", "a-0")) == sorted(ids)
     assert set((await owners(any_redis, S, G)).values()) == {"b-0"}
     assert {e.deliveries for e in await _pending(any_redis, "b-0")} == {1}
@@ -189,7 +188,7 @@ async def test_sweep_tolerates_trimmed_entries(any_redis: Redis) -> None:
 async def test_dead_letter_copies_with_diagnostics_and_acks(any_redis: Redis) -> None:
     ids = await fill(any_redis, S, G, 2)
     await read(any_redis, S, G, "a-0", 2)
-    await asyncio.sleep(0.02)
+    await idle_at_least(any_redis, S, G, 20)  # the guard a claim carries is above 0
     entries = [e for e in await _pending(any_redis, "a-0") if e.id == ids[0]]
     done = await redis_streams.dead_letter(
         any_redis, stream=S, group=G, entries=entries, reason="max-deliveries"
@@ -214,7 +213,7 @@ async def test_dead_letter_copies_with_diagnostics_and_acks(any_redis: Redis) ->
 async def test_dead_letter_is_guarded_like_a_claim(any_redis: Redis) -> None:
     ids = await fill(any_redis, S, G, 1)
     await read(any_redis, S, G, "a-0", 1)
-    await asyncio.sleep(0.3)
+    await idle_at_least(any_redis, S, G, 300)
     seen = await _pending(any_redis, "a-0", min_idle=250)
     await any_redis.xclaim(S, G, "b-0", min_idle_time=0, message_ids=ids, justid=True)
     assert (

@@ -4,7 +4,6 @@ on random pending lists, on every Redis at hand."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import random
@@ -35,7 +34,7 @@ from rig_conductor.policy.liveness import Fleet
 from rig_conductor.reaper import moves
 from tests import reclaim_kit, redis_kit
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, idle_at_least, owners, read, register
 
 S, G = StreamKey("rig:dispatch"), GroupName("workers")
 STALE_MS = 1_000
@@ -61,7 +60,7 @@ async def test_sweep_matches_the_plan_of_whole_lists(
                 await any_redis.xclaim(S, G, holder, min_idle_time=0, message_ids=[entry_id])
         # Stale past STALE_MS; the re-read below stay fresh for STALE_MS, however slowly the
         # plan and the sweep that follow run on a loaded machine.
-        await asyncio.sleep(STALE_MS / 1000 + 0.05)
+        await idle_at_least(any_redis, S, G, STALE_MS)
         for entry_id in rng.sample(ids[:90], 10):
             holder = (await owners(any_redis, S, G))[entry_id]
             await any_redis.xclaim(

@@ -36,13 +36,13 @@ def test_the_spark_unit_goes_out_first_then_the_slow_tiers() -> None:
     nodeids = [
         "tests/unit/test_logs.py::test_a",
         "tests/integration/test_api.py::test_b",
-        "tests/unit/test_audit_reconcile.py::test_c",
+        "tests/spark/test_audit_reconcile.py::test_c",
         "tests/topologies/test_core_loop.py::test_d",
         "tests/e2e/test_hung_e2e.py::test_e",
         "tests/prometheus/test_rules.py::test_f",
     ]
     assert sorted(nodeids, key=distribution.rank) == [
-        "tests/unit/test_audit_reconcile.py::test_c",
+        "tests/spark/test_audit_reconcile.py::test_c",
         "tests/topologies/test_core_loop.py::test_d",
         "tests/e2e/test_hung_e2e.py::test_e",
         "tests/integration/test_api.py::test_b",

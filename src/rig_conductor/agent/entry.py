@@ -32,7 +32,7 @@ class Degraded(Exception):
 
     The entry stays pending; the agent heartbeats `degraded: true` with `reason` and reads
     nothing until `until` (a datetime; 60 s from now when None). Its entries go to healthy
-    consumers once the conductor's grace period has passed (reaper rule 3b).
+    consumers once the conductor's grace period has passed (reaper rule 3b, docs/rules.md).
     """
 
     def __init__(self, reason: str, until: datetime | None = None) -> None:
@@ -123,7 +123,7 @@ class Entry:
         return self._staging.stage(path)
 
     def progress(self) -> Awaitable[None]:
-        """Report progress (WORK_PROGRESS): the entry keeps its deadline (reaper rule 4b).
+        """Report progress (WORK_PROGRESS): the entry keeps its deadline (rule 4b, docs/rules.md).
 
         Call it from the loop that does long work. In a sync handler it reports before it
         returns; in an async handler, await it. Raises `Fenced` when a newer attempt owns the

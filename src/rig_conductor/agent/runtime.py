@@ -360,7 +360,7 @@ class Agent:
             logger.info("Entry %s left pending: shutting down", entry_id)
             return
         if entry_id in self._abandoned:
-            return  # given up at its deadline: the reaper moves it (rule 4b)
+            return  # given up at its deadline: the reaper moves it (rule 4b, docs/rules.md)
         self._current = entry_id
         issue = fields.get("issueId")
         attempt: int | None = None

@@ -61,7 +61,7 @@ class AgentSettings(RigSettings):
         default=5,
         ge=1,
     )
-    # A handler with no progress for this long is abandoned (reaper rule 4b); 0 turns it off.
+    # A handler with no progress for this long is abandoned (rule 4b, docs/rules.md); 0: off.
     entry_deadline_ms: int = Field(
         description=(
             "a handler with no progress for this long is abandoned (the reaper "

@@ -51,7 +51,7 @@ class Applier:
     """The effects of one group's plans, as they come: `apply` each plan, then `flush` (the
     rows of what moved, even when the sweep failed half-way), then `finish` once.
 
-    One INFO line per moved or dead-lettered entry (contract, reaper rule 8), written a page at
+    One INFO line per moved or dead-lettered entry (reaper rule 8, docs/rules.md), written a page at
     a time (`logs.log_lines`); one RECLAIMED row per page of moved entries, one DEAD_LETTERED
     row per dead letter; the counters when `metrics` is given.
     """

@@ -76,7 +76,7 @@ def log_dead_lettered(
     *,
     reason: str | None = None,
 ) -> None:
-    """Reaper rule 8's line for one dead letter, the scan's and an agent's alike."""
+    """The line of rule 8 (docs/rules.md) for one dead letter, the scan's and an agent's alike."""
     extra: dict[str, object] = {
         "entryId": item.entry_id,
         "stream": stream,

@@ -11,7 +11,7 @@ client's number), so an entry touched in between stays where it is. The reaper's
 (`effects.applier`) carries the plan out: a move reserves a new attempt for the target (the old
 owner's late reports are fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with
 reason `manual`, writes a RECLAIMED event row naming who moved it, and records the move to the
-target (whose idle time it resets: no evidence of life, reaper rule 5).
+target (whose idle time it resets: no evidence of life, reaper rule 5, docs/rules.md).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ REGISTRY_MAX_AGE_S = 5.0
 
 
 class KnownAgents:
-    """The agent ids consumer names resolve against (reaper rule 2) while the API runs: the
+    """The agent ids consumer names resolve against (rule 2, docs/rules.md) while the API runs: the
     configured ones (`Settings.known_agents`: RIG_AGENT_IDS and the holders of bound tokens, as
     for the reaper), the registry in PostgreSQL (what every replica heard and the reaper has not
     forgotten), read again when older than `max_age_s`, and the ones heard here since the

@@ -126,7 +126,7 @@ async def agents(
     rt: Runtime, *, after: str | None = None, limit: int = AGENTS_PAGE
 ) -> list[AgentRow]:
     """A page of the agents configured or heard from, by id after `after` (exclusive): down by
-    the reaper's rule 3 (no heartbeat within RIG_AGENT_DOWN_MS, or none ever), with its last
+    rule 3 of docs/rules.md (no heartbeat within RIG_AGENT_DOWN_MS, or none ever), with its last
     heartbeat's degraded state and reasons, its freshest consumers and how many it has.
 
     Reads the page's agents and their `LISTED_CONSUMERS` freshest consumers, never the whole

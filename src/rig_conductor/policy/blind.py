@@ -1,4 +1,4 @@
-"""Blind spells: silence the conductor could not hear is not silence (Reaper rule 3).
+"""Blind spells: silence the conductor could not hear is not silence (reaper rule 3, docs/rules.md).
 
 Every conductor that takes heartbeats in marks, about once a second, that it is listening: its
 heartbeat writes reach PostgreSQL. The marks of all replicas are the `heard` spans of the

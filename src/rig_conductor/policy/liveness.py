@@ -1,4 +1,4 @@
-"""Who is down and who can take work: the contract's Reaper rules 3 and 5, as pure functions.
+"""Who is down and who can take work: reaper rules 3 and 5 (docs/rules.md), as pure functions.
 
 Pure: stdlib and domain only. Every age is measured against `evidence.now`.
 """
@@ -34,7 +34,7 @@ class DownReason(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class OwnerVerdict:
-    """Rule 3 applied to one consumer: down when any reason holds."""
+    """Rule 3 (docs/rules.md) applied to one consumer: down when any reason holds."""
 
     consumer: ConsumerName
     agent: AgentId | None
@@ -233,5 +233,5 @@ def _earned(idle_ms: int, moved_at: datetime | None, read_at: datetime) -> bool:
 
 
 def judge_owner(consumer: ConsumerName, evidence: Evidence, limits: Limits) -> OwnerVerdict:
-    """Rule 3 for one consumer (see `Fleet.owner`)."""
+    """Rule 3 (docs/rules.md) for one consumer (see `Fleet.owner`)."""
     return Fleet(evidence, limits).owner(consumer)

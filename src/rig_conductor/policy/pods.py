@@ -1,4 +1,4 @@
-"""Pod-state rules (reaper rules 3-4): what one Kubernetes answer about a pod means.
+"""Pod-state rules (reaper rules 3-4, docs/rules.md): what one Kubernetes answer about a pod means.
 
 - a pod that exists and is Pending or Running is LIVE, also while terminating (deletionTimestamp
   set): its containers may still be acking until the pod object is removed;

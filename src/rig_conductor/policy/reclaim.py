@@ -1,4 +1,4 @@
-"""The reclaim decision for one consumer group: the contract's Reaper rules 3 to 7.
+"""The reclaim decision for one consumer group: reaper rules 3 to 7 (docs/rules.md).
 
 Pure: stdlib and domain only. Three parts:
 1. `assess_group` judges every consumer that holds entries, from XINFO and the fleet's evidence
@@ -7,7 +7,7 @@ Pure: stdlib and domain only. Three parts:
 2. `OwnerRule.partition` splits an owner's pending entries: move, dead-letter or leave (rules
    4, 4b, 7).
 3. `Spread` water-fills the entries to move across the targets by their pending counts,
-   counting what the scan already gave each (rule 5): spread, do not pile.
+   counting what the scan already gave each (rule 5, docs/rules.md): spread, do not pile.
 
 `plan_pages` applies all three to pending entries, owner by owner, and cuts the moves into
 claims: the reaper calls it on the pages of the owners' pending lists it reads, with one
@@ -44,7 +44,7 @@ REASONS: tuple[Reason, ...] = ("pod-gone", "down", "degraded", "stalled", "manua
 
 @dataclass(frozen=True, slots=True)
 class OwnerRule:
-    """Rules 4, 4b and 7 for the entries of one owner.
+    """Rules 4, 4b and 7 (docs/rules.md) for the entries of one owner.
 
     An entry qualifies when it is `due` (its attempt made no progress within the deadline), or
     when it is idle at least `min_idle_ms` and not in `keep` (its attempt made progress lately).
@@ -119,7 +119,7 @@ class GroupAssessment:
     group: GroupName
     # One rule per owner the scan acts on, in the order the reasons rank.
     rules: Mapping[ConsumerName, OwnerRule]
-    # Every consumer rule 5 allows as a target, best first.
+    # Every consumer rule 5 (docs/rules.md) allows as a target, best first.
     targets: tuple[TargetCandidate, ...]
     # Degraded-stale owners left in place for want of a non-degraded target: their pending
     # counts (rule 3b's `degradedHeld`).
@@ -127,7 +127,7 @@ class GroupAssessment:
 
     @property
     def down(self) -> dict[ConsumerName, OwnerRule]:
-        """The rules of owners that are down by rule 3."""
+        """The rules of owners that are down by rule 3 (docs/rules.md)."""
         return {c: r for c, r in self.rules.items() if r.reason in ("pod-gone", "down")}
 
     def spread(self) -> Spread:

@@ -1,7 +1,7 @@
 """Forgetting: which silent agents and consumers leave the registry after RIG_AGENT_FORGET_MS,
 and which stay because the reaper still judges someone by them. Pure: stdlib and domain only.
 
-An agent forgotten is one that never sent a heartbeat: down by rule 3, as it was after a week
+An agent forgotten is one that never sent a heartbeat: down (rule 3, docs/rules.md) as after a week
 of silence. A consumer, though, is judged by its own heartbeats first and resolves to an agent
 by the known ids. With its row gone, and its agent's too, a consumer that still holds entries
 would resolve to nobody and have no evidence against it: no longer down, its entries stranded.

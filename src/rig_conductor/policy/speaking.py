@@ -3,7 +3,7 @@
 An unbound token (`RIG_API_TOKENS`) is a trusted client and speaks for anyone. A bound one
 speaks only for itself:
 - an agent token (`RIG_AGENT_TOKENS`, agent A): HEARTBEAT with `agentId` A, naming no consumer
-  or one that resolves to A by the longest known agent id (reaper rule 2), and WORK_* only as
+  or one that resolves to A by the longest known agent id (rule 2, docs/rules.md), WORK_* only as
   such a consumer. So `dev-e`'s token cannot speak for `dev-e-dotnet-rig-agent-runtime-0`: that
   consumer belongs to `dev-e-dotnet`, whose heartbeats would otherwise be forged.
 - a pod's ServiceAccount token (TokenReview): the pod speaks as the consumer of its own name,

@@ -110,7 +110,7 @@ async def reap_once(
 async def _work_evidence(
     engine: AsyncEngine, settings: Settings, streams: Sequence[StreamKey]
 ) -> work.WorkEvidence:
-    """The recorded attempts and progress of the entries of `streams` (rules 4b and 7)."""
+    """Recorded attempts and progress of the entries of `streams` (rules 4b, 7: docs/rules.md)."""
     limits = settings.limits
     return await work.load_work_evidence(
         engine,

@@ -8,7 +8,7 @@
 - `PodWatch` watches the same pods in a worker thread and calls `on_gone(pod_name)` on the event
   loop as soon as a pod is deleted or finishes, for a targeted reclaim between scans.
 
-The rules (Reaper rules 3-4 of the contract); what one answer about a pod means, and which of
+The rules (reaper rules 3-4, docs/rules.md); what one answer about a pod means, and which of
 two racing answers wins, are decided in policy/pods.py:
 - a pod absent from a successful list is GONE when it was positively seen as a pod of this
   namespace + selector before: by this process (in memory, bounded, oldest gone pods first) or
@@ -19,7 +19,7 @@ two racing answers wins, are decided in policy/pods.py:
   is remembered (bounded, in memory) until a list shows the pod: a consumer found absent stays
   absent once it holds nothing, so the entries moved off it can never be moved back to it.
 - Every other consumer a successful list does not show is MISSING: not gone, and never a
-  reclaim target unless it heartbeats by its own name (reaper rule 5).
+  reclaim target unless it heartbeats by its own name (reaper rule 5, docs/rules.md).
 
 This module decides nothing about entries; it only supplies evidence and deletes empty consumers.
 """

@@ -15,7 +15,7 @@ shares out.
 
 The writer also marks, four times per `slack_ms`, that this replica is listening
 (`listening.mark`), unless a batch failed since the last mark: time in which no replica could
-store heartbeats is a blind spell, which reaper rule 3 does not count as the agents' silence.
+store heartbeats is a blind spell, which rule 3 (docs/rules.md) does not count as silence.
 The mark that ends a spell is logged, and handed to `on_spell_end`.
 """
 

@@ -30,7 +30,7 @@ class HeartbeatIn:
 # A batch of heartbeats in one statement, so a batch costs one round trip: the latest state per
 # agent and per consumer upserted (the last heartbeat of a key in the batch wins; keys are
 # locked in order, so concurrent batches cannot deadlock), and the liveness intervals kept.
-# `degraded_since` follows the degraded run (rule 3b): it keeps its start while every heartbeat
+# `degraded_since` follows rule 3b's run (docs/rules.md): it keeps its start while every heartbeat
 # since was degraded, restarts at now() when the run broke (also within this batch), and is
 # NULL when the latest heartbeat is healthy. An agent's run counts only heartbeats that name no
 # consumer: a consumer's own heartbeats decide for that consumer alone.

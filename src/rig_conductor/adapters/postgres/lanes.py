@@ -112,7 +112,7 @@ _TEMPLATES: dict[Kind, str] = {
        AND a.outputs IS NOT NULL AND (a.consumer = :consumer OR :held)
     {returning}
     """,
-    # Progress restarts the current attempt's deadline (rule 4b); it changes nothing else.
+    # Progress restarts the current attempt's deadline (rule 4b, docs/rules.md); nothing else.
     "WORK_PROGRESS": """
     UPDATE {table} AS a SET progress_at = now(), updated_at = now()
      WHERE {match} AND a.attempt = :claimed AND a.consumer = :consumer

@@ -1,4 +1,4 @@
-"""Listening marks: when some conductor could take heartbeats in (reaper rule 3's blind spells).
+"""Listening marks: when a conductor could take heartbeats in (blind spells, rule 3: docs/rules.md).
 
 Each replica that takes heartbeats in keeps one row per unbroken stretch of listening and moves
 its `heard_to` on with every mark. A mark that comes too late for the stretch (the replica's

@@ -1,4 +1,4 @@
-"""The conductor's latest move to each consumer of a group (reaper rule 5's evidence).
+"""The conductor's latest move to each consumer of a group (evidence for rule 5, docs/rules.md).
 
 An XCLAIM resets its target's idle time in the group. Reaper rule 5 must not take that idle time
 as a sign that the target is alive, so every move is recorded here, after its XCLAIM: a target

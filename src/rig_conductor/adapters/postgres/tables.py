@@ -149,7 +149,7 @@ assignments = Table(
     Column("consumer", Text),
     Column("attempt", Integer, nullable=False),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    # The current attempt's last sign of progress (reaper rule 4b).
+    # The current attempt's last sign of progress (reaper rule 4b, docs/rules.md).
     Column("progress_at", DateTime(timezone=True)),
     # The accepted completion's staged files, `[{"staged": ..., "path": ...}]` (migration 0016),
     # written with the `done` that accepts them; `published_at` once an agent renamed them. NULL
@@ -255,7 +255,7 @@ scan_reports = Table(
 
 # Every conductor that takes heartbeats in marks, a few times a second, that it is listening: one
 # row per replica and unbroken stretch, `heard_to` moved on by each mark. The gaps between the
-# rows are the blind spells of reaper rule 3 (`policy.blind`).
+# rows are the blind spells of reaper rule 3 (docs/rules.md, `policy.blind`).
 listening = Table(
     "listening",
     metadata,

@@ -308,7 +308,7 @@ async def load_work_evidence(
     deadline_ms: int,
 ) -> WorkEvidence:
     """Worn attempts and progress of unfinished entries of `streams`, and the done ones with
-    outputs to publish, in one query. `deadline_ms` 0 turns rule 4b off: no progress is loaded.
+    outputs to publish, in one query. `deadline_ms` 0 turns rule 4b (docs/rules.md) off: none read.
     """
     if not streams:
         return WorkEvidence()

@@ -1,5 +1,5 @@
 """Operator routes with the console's powers: a group's pending entries, moves by hand (the
-console's guarded move, judged by reaper rule 5), and the reclaim history."""
+console's guarded move, judged by rule 5 of docs/rules.md), and the reclaim history."""
 
 from __future__ import annotations
 
