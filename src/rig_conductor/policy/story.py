@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from rig_conductor.domain import EventKind
+
 
 class Kind(enum.StrEnum):
     """What happened to the work, as an operator reads it (the timeline's `kind`)."""
@@ -42,16 +44,16 @@ class State(enum.StrEnum):
 
 # The event-log kinds that tell a story, and what each is called on the timeline.
 EVENT_KINDS: Mapping[str, Kind] = {
-    "ISSUE_ASSIGNED": Kind.DISPATCHED,
-    "WORK_STARTED": Kind.STARTED,
-    "WORK_PROGRESS": Kind.PROGRESS,
-    "WORK_COMPLETED": Kind.COMPLETED,
-    "WORK_PUBLISHED": Kind.PUBLISHED,
-    "WORK_FAILED": Kind.FAILED,
-    "RECLAIMED": Kind.RECLAIMED,
-    "DEAD_LETTERED": Kind.DEAD_LETTERED,
-    "DEAD_LETTER_REQUEUED": Kind.REQUEUED,
-    "DEAD_LETTER_DELETED": Kind.DELETED,
+    EventKind.ISSUE_ASSIGNED: Kind.DISPATCHED,
+    EventKind.WORK_STARTED: Kind.STARTED,
+    EventKind.WORK_PROGRESS: Kind.PROGRESS,
+    EventKind.WORK_COMPLETED: Kind.COMPLETED,
+    EventKind.WORK_PUBLISHED: Kind.PUBLISHED,
+    EventKind.WORK_FAILED: Kind.FAILED,
+    EventKind.RECLAIMED: Kind.RECLAIMED,
+    EventKind.DEAD_LETTERED: Kind.DEAD_LETTERED,
+    EventKind.DEAD_LETTER_REQUEUED: Kind.REQUEUED,
+    EventKind.DEAD_LETTER_DELETED: Kind.DELETED,
 }
 # The least finished state a group is in sums the work up: work is done when every group is.
 _SUMMARY_ORDER = (

@@ -30,6 +30,7 @@ from rig_conductor.adapters.postgres.tables import (
     events,
     group_assignments,
 )
+from rig_conductor.domain import EventKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,7 +382,7 @@ async def _carry(
     await conn.execute(
         events.insert().values(
             tenant=tenant,
-            kind="WORK_COMPLETED",
+            kind=EventKind.WORK_COMPLETED,
             consumer=carry.consumer,
             stream=dispatch.stream,
             group_name=carry.group,
