@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from rig_conductor.agent.token_file import TokenFile
-from rig_conductor.domain import EventKind, StagedOutput
+from rig_conductor.domain import AssignmentState, EventKind, StagedOutput
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class FencedAnswer:
     def done(self) -> bool:
         """The entry is finished: a `fenced:` answer with state `done`. A `refused:` one (the
         report did not come from the attempt's owner) says nothing of whose completion counts."""
-        return self.state == "done" and self.detail.startswith("fenced:")
+        return self.state == AssignmentState.DONE and self.detail.startswith("fenced:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class ConductorClient:
     ) -> Accepted | FencedAnswer:
         body = self._work(EventKind.WORK_STARTED, stream, entry_id, issue_id)
         answer = await self._post(body, tries=tries)
-        return _fenced(answer) or Accepted(int(answer.json()["attempt"]), "running")
+        return _fenced(answer) or Accepted(int(answer.json()["attempt"]), AssignmentState.RUNNING)
 
     async def work_completed(
         self,
@@ -151,14 +151,15 @@ class ConductorClient:
         if fenced:
             return fenced
         data = answer.json()
-        return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+        state = str(data.get("state", AssignmentState.DONE))
+        return Accepted(int(data.get("attempt", attempt)), state)
 
     async def work_progress(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int
     ) -> Accepted | FencedAnswer:
         body = self._work(EventKind.WORK_PROGRESS, stream, entry_id, issue_id, attempt=attempt)
         answer = await self._post(body, tries=2)
-        return _fenced(answer) or Accepted(attempt, "running")
+        return _fenced(answer) or Accepted(attempt, AssignmentState.RUNNING)
 
     async def work_failed(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int, error: str
@@ -187,7 +188,8 @@ class ConductorClient:
         if fenced:
             return fenced
         data = answer.json()
-        return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+        state = str(data.get("state", AssignmentState.DONE))
+        return Accepted(int(data.get("attempt", attempt)), state)
 
     async def dead_letter(
         self, *, stream: str, entry_id: str, issue_id: str | None, reason: str

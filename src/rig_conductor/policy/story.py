@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from rig_conductor.domain import EventKind
+from rig_conductor.domain import AssignmentState, EventKind
 
 
 class Kind(enum.StrEnum):
@@ -66,12 +66,12 @@ _SUMMARY_ORDER = (
 )
 # The assignment row's states, when Redis no longer has the entry to ask.
 _ASSIGNMENT_STATES: Mapping[str, State] = {
-    "pending": State.PENDING,
-    "running": State.RUNNING,
-    "done": State.DONE,
-    "failed": State.FAILED,
-    "dead": State.DEAD_LETTERED,
-    "superseded": State.PENDING,  # its dispatch goes on as another entry
+    AssignmentState.PENDING: State.PENDING,
+    AssignmentState.RUNNING: State.RUNNING,
+    AssignmentState.DONE: State.DONE,
+    AssignmentState.FAILED: State.FAILED,
+    AssignmentState.DEAD: State.DEAD_LETTERED,
+    AssignmentState.SUPERSEDED: State.PENDING,  # its dispatch goes on as another entry
 }
 
 
@@ -192,7 +192,7 @@ def group_state(
 
 
 def _finished_attempt(assignment: Assignment | None) -> int | None:
-    if assignment is None or assignment.state not in ("done", "dead"):
+    if assignment is None or assignment.state not in (AssignmentState.DONE, AssignmentState.DEAD):
         return None
     return assignment.attempt
 

@@ -14,7 +14,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import lanes, recovery
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
-from rig_conductor.domain import EntryId, EventKind, GroupName, Progress, StagedOutput, StreamKey
+from rig_conductor.domain import (
+    AssignmentState,
+    EntryId,
+    EventKind,
+    GroupName,
+    Progress,
+    StagedOutput,
+    StreamKey,
+)
 
 WorkKind = Literal[
     EventKind.WORK_STARTED,
@@ -165,7 +173,7 @@ def decode_outputs(value: object) -> tuple[StagedOutput, ...]:
 
 def _unpublished(row: Any) -> tuple[StagedOutput, ...]:
     """A done row's outputs still waiting for their rename; () for anything else."""
-    if row.state != "done" or row.published_at is not None:
+    if row.state != AssignmentState.DONE or row.published_at is not None:
         return ()
     return decode_outputs(row.outputs)
 
@@ -425,7 +433,7 @@ async def dead_lettered(
             "group_name": group,
             "entry_id": entry_id,
             "issue_id": issue_id,
-            "state": "dead",
+            "state": AssignmentState.DEAD,
             "attempt": max(deliveries, 1),
         }
         for entry_id, issue_id, deliveries in entries
@@ -436,7 +444,7 @@ async def dead_lettered(
             first.on_conflict_do_update(
                 index_elements=["tenant", "stream", "entry_id"],
                 set_={
-                    "state": "dead",
+                    "state": AssignmentState.DEAD,
                     "updated_at": func.now(),
                     "group_name": func.coalesce(assignments.c.group_name, group),
                 },
@@ -450,6 +458,6 @@ async def dead_lettered(
             await conn.execute(
                 other.on_conflict_do_update(
                     index_elements=["tenant", "stream", "group_name", "entry_id"],
-                    set_={"state": "dead", "updated_at": func.now()},
+                    set_={"state": AssignmentState.DEAD, "updated_at": func.now()},
                 )
             )
