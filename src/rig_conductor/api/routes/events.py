@@ -16,6 +16,7 @@ from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import (
     AgentId,
+    AssignmentState,
     ConsumerName,
     EntryId,
     EventKind,
@@ -320,12 +321,12 @@ def _outputs(outputs: tuple[StagedOutput, ...]) -> list[schemas.StagedOutputMode
 
 
 def _fenced_detail(state: str) -> str:
-    if state == "superseded":
+    if state == AssignmentState.SUPERSEDED:
         return (
             "fenced: Redis lost this entry and its dispatch was appended again as a new entry; "
             "that one counts"
         )
-    if state in ("done", "dead"):
+    if state in (AssignmentState.DONE, AssignmentState.DEAD):
         return f"fenced: the entry is already {state}"
     return "fenced: a newer attempt owns this entry"
 
