@@ -42,6 +42,7 @@ from rig_conductor.adapters.redis_client import AnyRedis
 from rig_conductor.agent import Entry, run_agent
 from rig_conductor.agent.settings import AgentSettings
 from rig_conductor.app import create_app
+from rig_conductor.domain import EventKind
 from rig_conductor.embedded import EmbeddedUnavailable, embedded_services
 from rig_conductor.settings import Settings
 
@@ -310,7 +311,7 @@ async def _dispatch(api: httpx.AsyncClient, issue: str) -> str:
     answer = await api.post(
         "/api/events",
         json={
-            "type": "ISSUE_ASSIGNED",
+            "type": EventKind.ISSUE_ASSIGNED,
             "issueId": issue,
             "agentId": "builder",
             "payload": {"title": f"Build {issue}"},

@@ -93,6 +93,54 @@ class PodState(enum.Enum):
     UNKNOWN = "unknown"
 
 
+class EventKind(enum.StrEnum):
+    """What an event-log row records, and the `type` of an event sent to `POST /api/events`.
+
+    The values are stored in `events.kind` and sent on the wire: never rename one.
+    """
+
+    # Sent by agents and the dispatcher (the API's event types).
+    HEARTBEAT = "HEARTBEAT"  # logged before revision 0013; now kept as liveness intervals
+    ISSUE_ASSIGNED = "ISSUE_ASSIGNED"
+    WORK_STARTED = "WORK_STARTED"
+    WORK_PROGRESS = "WORK_PROGRESS"
+    WORK_COMPLETED = "WORK_COMPLETED"
+    WORK_FAILED = "WORK_FAILED"
+    WORK_PUBLISHED = "WORK_PUBLISHED"
+    DEAD_LETTER = "DEAD_LETTER"  # a request only: what it does is logged as DEAD_LETTERED
+    # Written by the conductor.
+    RECLAIMED = "RECLAIMED"
+    DEAD_LETTERED = "DEAD_LETTERED"
+    DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
+    DEAD_LETTER_DELETED = "DEAD_LETTER_DELETED"
+    CONSUMER_WITHOUT_HEARTBEAT = "CONSUMER_WITHOUT_HEARTBEAT"
+    SCAN_REQUESTED = "SCAN_REQUESTED"
+    SIGN_IN_FAILED = "SIGN_IN_FAILED"
+    AUDIT_COMPLETED = "AUDIT_COMPLETED"
+
+    def __repr__(self) -> str:
+        # As the wire spells it: pydantic lists a union's tags by repr in its 422 messages.
+        return repr(self.value)
+
+
+class AssignmentState(enum.StrEnum):
+    """Where one entry's attempts stand (`assignments.state`, `group_assignments.state`).
+
+    The values are stored, and the tables' CHECK constraints list them: never rename one.
+    """
+
+    PENDING = "pending"  # an attempt reserved for a consumer (a reclaim's target), not started
+    RUNNING = "running"
+    FAILED = "failed"  # the current attempt failed; the entry may run again
+    DONE = "done"
+    DEAD = "dead"  # dead-lettered
+    SUPERSEDED = "superseded"  # Redis lost the entry; its dispatch lives on as a new entry
+
+
+# An entry in one of these states is never started or reclaimed again.
+CLOSED_STATES = (AssignmentState.DONE, AssignmentState.DEAD, AssignmentState.SUPERSEDED)
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The reaper's thresholds: RIG_ENTRY_STALE_MS, RIG_AGENT_DOWN_MS, RIG_MAX_DELIVERIES,

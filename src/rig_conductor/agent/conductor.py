@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from rig_conductor.agent.token_file import TokenFile
-from rig_conductor.domain import StagedOutput
+from rig_conductor.domain import AssignmentState, EventKind, StagedOutput
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class FencedAnswer:
     def done(self) -> bool:
         """The entry is finished: a `fenced:` answer with state `done`. A `refused:` one (the
         report did not come from the attempt's owner) says nothing of whose completion counts."""
-        return self.state == "done" and self.detail.startswith("fenced:")
+        return self.state == AssignmentState.DONE and self.detail.startswith("fenced:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class ConductorClient:
 
     async def heartbeat(self, *, degraded: bool = False, reasons: Sequence[str] = ()) -> None:
         """One try: the next heartbeat is the retry."""
-        body: dict[str, Any] = {"type": "HEARTBEAT", "consumer": self.consumer}
+        body: dict[str, Any] = {"type": EventKind.HEARTBEAT, "consumer": self.consumer}
         if degraded:
             body |= {"degraded": True, "degradedReasons": list(reasons)}
         await self._post(body, tries=1)
@@ -127,9 +127,9 @@ class ConductorClient:
     async def work_started(
         self, *, stream: str, entry_id: str, issue_id: str | None, tries: int = 3
     ) -> Accepted | FencedAnswer:
-        body = self._work("WORK_STARTED", stream, entry_id, issue_id)
+        body = self._work(EventKind.WORK_STARTED, stream, entry_id, issue_id)
         answer = await self._post(body, tries=tries)
-        return _fenced(answer) or Accepted(int(answer.json()["attempt"]), "running")
+        return _fenced(answer) or Accepted(int(answer.json()["attempt"]), AssignmentState.RUNNING)
 
     async def work_completed(
         self,
@@ -143,7 +143,7 @@ class ConductorClient:
     ) -> Accepted | FencedAnswer:
         """Retries until the conductor answers, or until `until` is set (then one last try).
         `outputs`: the files the attempt staged, recorded with the completion."""
-        body = self._work("WORK_COMPLETED", stream, entry_id, issue_id, attempt=attempt)
+        body = self._work(EventKind.WORK_COMPLETED, stream, entry_id, issue_id, attempt=attempt)
         if outputs:
             body["outputs"] = [{"staged": o.staged, "path": o.path} for o in outputs]
         answer = await self._post(body, tries=None, until=until)
@@ -151,19 +151,20 @@ class ConductorClient:
         if fenced:
             return fenced
         data = answer.json()
-        return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+        state = str(data.get("state", AssignmentState.DONE))
+        return Accepted(int(data.get("attempt", attempt)), state)
 
     async def work_progress(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int
     ) -> Accepted | FencedAnswer:
-        body = self._work("WORK_PROGRESS", stream, entry_id, issue_id, attempt=attempt)
+        body = self._work(EventKind.WORK_PROGRESS, stream, entry_id, issue_id, attempt=attempt)
         answer = await self._post(body, tries=2)
-        return _fenced(answer) or Accepted(attempt, "running")
+        return _fenced(answer) or Accepted(attempt, AssignmentState.RUNNING)
 
     async def work_failed(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int, error: str
     ) -> None:
-        body = self._work("WORK_FAILED", stream, entry_id, issue_id, attempt=attempt)
+        body = self._work(EventKind.WORK_FAILED, stream, entry_id, issue_id, attempt=attempt)
         body["error"] = error[:4096]
         await self._post(body, tries=3)
 
@@ -179,7 +180,7 @@ class ConductorClient:
     ) -> Accepted | FencedAnswer:
         """The accepted attempt's outputs are renamed onto their paths (or, `missing`, found
         nowhere). Retries like WORK_COMPLETED: until it is recorded the entry is not acked."""
-        body = self._work("WORK_PUBLISHED", stream, entry_id, issue_id, attempt=attempt)
+        body = self._work(EventKind.WORK_PUBLISHED, stream, entry_id, issue_id, attempt=attempt)
         if missing:
             body["missing"] = list(missing)
         answer = await self._post(body, tries=None, until=until)
@@ -187,14 +188,15 @@ class ConductorClient:
         if fenced:
             return fenced
         data = answer.json()
-        return Accepted(int(data.get("attempt", attempt)), str(data.get("state", "done")))
+        state = str(data.get("state", AssignmentState.DONE))
+        return Accepted(int(data.get("attempt", attempt)), state)
 
     async def dead_letter(
         self, *, stream: str, entry_id: str, issue_id: str | None, reason: str
     ) -> DeadLettered | FencedAnswer:
         """Ask the conductor to dead-letter an entry this consumer holds (agents never write
         the dead-letter stream). A 409: the entry is done (publish, then ack) or refused."""
-        body = self._work("DEAD_LETTER", stream, entry_id, issue_id, reason=reason)
+        body = self._work(EventKind.DEAD_LETTER, stream, entry_id, issue_id, reason=reason)
         answer = await self._post(body, tries=3)
         fenced = _fenced(answer)
         if fenced:
@@ -203,7 +205,7 @@ class ConductorClient:
         return DeadLettered(str(data["dlqStream"]), str(data["dlqId"]), int(data["deliveries"]))
 
     def _work(
-        self, kind: str, stream: str, entry_id: str, issue_id: str | None, **extra: Any
+        self, kind: EventKind, stream: str, entry_id: str, issue_id: str | None, **extra: Any
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "type": kind,

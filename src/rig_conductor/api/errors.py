@@ -30,7 +30,7 @@ from rig_conductor.api.access import (
     replay,
     route_path,
 )
-from rig_conductor.domain import NotLeading
+from rig_conductor.domain import EventKind, NotLeading
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +41,14 @@ MAX_BODY_BYTES = 64 * 1024
 RETRY_AFTER_S = "5"
 # pydantic puts the union member's tag into the location: it names no field of the request.
 _TAGS = {
-    "HEARTBEAT",
-    "ISSUE_ASSIGNED",
-    "WORK_STARTED",
-    "WORK_PROGRESS",
-    "WORK_COMPLETED",
-    "WORK_FAILED",
-    "WORK_PUBLISHED",
-    "DEAD_LETTER",
+    EventKind.HEARTBEAT,
+    EventKind.ISSUE_ASSIGNED,
+    EventKind.WORK_STARTED,
+    EventKind.WORK_PROGRESS,
+    EventKind.WORK_COMPLETED,
+    EventKind.WORK_FAILED,
+    EventKind.WORK_PUBLISHED,
+    EventKind.DEAD_LETTER,
 }
 
 

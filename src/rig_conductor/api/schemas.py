@@ -1,4 +1,4 @@
-"""Wire models: camelCase JSON, strict types, one model per event `type`."""
+"""Wire models: camelCase JSON, strict types, one model per event `type` (`domain.EventKind`)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ class Wire(BaseModel):
 
 
 class HeartbeatEvent(Wire):
-    type: Literal["HEARTBEAT"]
+    type: Literal[domain.EventKind.HEARTBEAT]
     agent_id: Name
     consumer: Name | None = None
     degraded: StrictBool = False
@@ -66,7 +66,7 @@ class HeartbeatEvent(Wire):
 
 
 class IssueAssignedEvent(Wire):
-    type: Literal["ISSUE_ASSIGNED"]
+    type: Literal[domain.EventKind.ISSUE_ASSIGNED]
     issue_id: Text
     agent_id: Name
     payload: dict[str, Any] = {}
@@ -92,14 +92,14 @@ class WorkStartedEvent(_WorkFields):
     """From a consumer holding the entry in a pending list; `attempt`, when given, is the
     attempt it believes current (an older one is fenced)."""
 
-    type: Literal["WORK_STARTED"]
+    type: Literal[domain.EventKind.WORK_STARTED]
     attempt: Attempt | None = None
 
 
 class WorkReportEvent(_WorkFields):
     """From the consumer that owns `attempt`: its start, or the reclaim to it, made it."""
 
-    type: Literal["WORK_PROGRESS", "WORK_FAILED"]
+    type: Literal[domain.EventKind.WORK_PROGRESS, domain.EventKind.WORK_FAILED]
     attempt: Attempt
 
 
@@ -117,7 +117,7 @@ class WorkCompletedEvent(_WorkFields):
     """From the consumer that owns `attempt`. `outputs`: the files it staged, recorded with the
     completion and published (renamed onto their paths) exactly once after it is accepted."""
 
-    type: Literal["WORK_COMPLETED"]
+    type: Literal[domain.EventKind.WORK_COMPLETED]
     attempt: Attempt
     outputs: Annotated[list[StagedOutputModel], Field(max_length=256)] = []
 
@@ -139,7 +139,7 @@ class WorkPublishedEvent(_WorkFields):
     a consumer that holds the entry now. `missing` names paths whose staged file was found
     nowhere: the completion cannot be published, and the entry runs again."""
 
-    type: Literal["WORK_PUBLISHED"]
+    type: Literal[domain.EventKind.WORK_PUBLISHED]
     attempt: Attempt
     missing: Annotated[list[Path], Field(max_length=256)] = []
 
@@ -149,7 +149,7 @@ class DeadLetterEvent(_WorkFields):
     deliveries (`max-deliveries`) or gone from the stream (`trimmed`). Agents never write the
     dead-letter stream themselves."""
 
-    type: Literal["DEAD_LETTER"]
+    type: Literal[domain.EventKind.DEAD_LETTER]
     group: Name
     reason: Literal["max-deliveries", "trimmed"]
 

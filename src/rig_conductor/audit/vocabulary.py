@@ -15,18 +15,22 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-ISSUE_ASSIGNED = "ISSUE_ASSIGNED"
-WORK_STARTED = "WORK_STARTED"
-WORK_COMPLETED = "WORK_COMPLETED"
-WORK_FAILED = "WORK_FAILED"
-WORK_PROGRESS = "WORK_PROGRESS"
-WORK_PUBLISHED = "WORK_PUBLISHED"
+from rig_conductor.domain import EventKind
+
+# The kinds are the conductor's own (`domain.EventKind`), taken as plain text: Spark compares
+# them with the `kind` column's strings.
+ISSUE_ASSIGNED = EventKind.ISSUE_ASSIGNED.value
+WORK_STARTED = EventKind.WORK_STARTED.value
+WORK_COMPLETED = EventKind.WORK_COMPLETED.value
+WORK_FAILED = EventKind.WORK_FAILED.value
+WORK_PROGRESS = EventKind.WORK_PROGRESS.value
+WORK_PUBLISHED = EventKind.WORK_PUBLISHED.value
 WORK_KINDS = (WORK_STARTED, WORK_PROGRESS, WORK_COMPLETED, WORK_FAILED)
-RECLAIMED = "RECLAIMED"
-DEAD_LETTERED = "DEAD_LETTERED"
-DEAD_LETTER_REQUEUED = "DEAD_LETTER_REQUEUED"
-HEARTBEAT = "HEARTBEAT"
-CONSUMER_WITHOUT_HEARTBEAT = "CONSUMER_WITHOUT_HEARTBEAT"
+RECLAIMED = EventKind.RECLAIMED.value
+DEAD_LETTERED = EventKind.DEAD_LETTERED.value
+DEAD_LETTER_REQUEUED = EventKind.DEAD_LETTER_REQUEUED.value
+HEARTBEAT = EventKind.HEARTBEAT.value
+CONSUMER_WITHOUT_HEARTBEAT = EventKind.CONSUMER_WITHOUT_HEARTBEAT.value
 # The kinds whose `detail` the rules read; other rows may carry it as NULL. ISSUE_ASSIGNED's
 # `replaces` names the entry a dispatch Redis lost was appended again in place of;
 # WORK_COMPLETED's `outputs` counts the files it staged, WORK_PUBLISHED's `missing` the ones

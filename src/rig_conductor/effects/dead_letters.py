@@ -10,7 +10,14 @@ import logging
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
+from rig_conductor.domain import (
+    ConsumerName,
+    EntryId,
+    EventKind,
+    GroupName,
+    PendingEntry,
+    StreamKey,
+)
 from rig_conductor.effects.journal import Journal
 
 logger = logging.getLogger("rig_conductor.reaper.cycle")
@@ -48,7 +55,7 @@ async def dead_letter_held(
         "askedBy": consumer,
     }
     row = queries.EventRow(
-        "DEAD_LETTERED",
+        EventKind.DEAD_LETTERED,
         agent_id=agent_id,
         consumer=consumer,
         stream=stream,

@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import move_targets, queries, work
-from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId
+from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, EventKind
 from rig_conductor.policy import reclaim
 
 # Wraps the work of one phase (`claim`, `log`, `record`, ...) to time it for the scan report.
@@ -141,7 +141,7 @@ class Recorder:
             }
             rows.append(
                 queries.EventRow(
-                    "RECLAIMED",
+                    EventKind.RECLAIMED,
                     agent_id=rule.agent,
                     consumer=owner,
                     stream=self._assessment.stream,
@@ -198,7 +198,7 @@ def dead_letter_rows(
         }
         rows.append(
             queries.EventRow(
-                "DEAD_LETTERED",
+                EventKind.DEAD_LETTERED,
                 agent_id=assessment.rules[consumer].agent,
                 consumer=consumer,
                 stream=assessment.stream,

@@ -18,7 +18,7 @@ from rig_conductor import logs, roles
 from rig_conductor.adapters import failures, redis_inspect, redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis_streams import DeadLetter
-from rig_conductor.domain import StreamKey
+from rig_conductor.domain import EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger("rig_conductor.console")
@@ -181,7 +181,7 @@ async def _requeue(
     done = {dlq_id: reply for dlq_id, reply in zip(dlq_ids, replies, strict=True) if reply}
     rows = [
         queries.EventRow(
-            "DEAD_LETTER_REQUEUED",
+            EventKind.DEAD_LETTER_REQUEUED,
             stream=stream,
             entry_id=entry_id,
             issue_id=issue_id,
@@ -215,7 +215,7 @@ async def _delete(
     gone = [letter for letter, ok in zip(letters, deleted, strict=True) if ok]
     rows = [
         queries.EventRow(
-            "DEAD_LETTER_DELETED",
+            EventKind.DEAD_LETTER_DELETED,
             consumer=letter.consumer or None,
             stream=stream,
             group_name=letter.group or None,

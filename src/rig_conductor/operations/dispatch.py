@@ -17,7 +17,7 @@ from typing import Any
 
 from rig_conductor.adapters import redis_client, redis_streams
 from rig_conductor.adapters.postgres import dispatches
-from rig_conductor.domain import EntryId, StreamKey
+from rig_conductor.domain import EntryId, EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ async def dispatch(rt: Runtime, issue: Assignment) -> Dispatched:
     stream = StreamKey(rt.settings.dispatch_stream)
     key = issue.key
     fields = {
-        "type": "ISSUE_ASSIGNED",
+        "type": EventKind.ISSUE_ASSIGNED,
         "issueId": issue.issue_id,
         "agentId": issue.agent_id,
         "payload": json.dumps(issue.payload, separators=(",", ":")),

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rig_conductor.adapters import redis_holders
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.redis_client import AnyRedis
-from rig_conductor.domain import AgentId, EntryId, StreamKey
+from rig_conductor.domain import AgentId, EntryId, EventKind, StreamKey
 from rig_conductor.policy import speaking
 from rig_conductor.policy.agents import AgentIndex
 
@@ -141,7 +141,7 @@ def _not_holding(stream: str, entry_id: str, consumer: str, holders: dict[Any, A
 async def legacy_group(
     rt: Runtime,
     *,
-    kind: str,
+    kind: EventKind,
     stream: str,
     entry_id: str,
     consumer: str,
@@ -149,7 +149,7 @@ async def legacy_group(
 ) -> LegacyGroup:
     """The one group in which `consumer` holds the entry (a start), or made the attempt the
     event names (the other reports). More than one: the event must name its group."""
-    if kind == "WORK_STARTED":
+    if kind == EventKind.WORK_STARTED:
         found = await redis_holders.holders_by_group(
             rt.redis, stream=StreamKey(stream), entry_id=EntryId(entry_id)
         )

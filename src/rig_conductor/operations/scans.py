@@ -10,6 +10,7 @@ from typing import Any
 
 from rig_conductor import roles
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.domain import EventKind
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger("rig_conductor.console")
@@ -23,7 +24,11 @@ async def record_console_scan(rt: Runtime, caller: roles.Caller, report: Mapping
     await queries.append_events(
         rt.engine,
         tenant=rt.settings.tenant,
-        rows=[queries.EventRow("SCAN_REQUESTED", detail=json.dumps({"by": caller.who, **summary}))],
+        rows=[
+            queries.EventRow(
+                EventKind.SCAN_REQUESTED, detail=json.dumps({"by": caller.who, **summary})
+            )
+        ],
     )
     logger.info(
         "[Console] %s ran a scan: %d reclaimed, %d dead-lettered, %d without a target",

@@ -14,7 +14,7 @@ import time
 from rig_conductor import roles, throttle
 from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import StreamKey
+from rig_conductor.domain import EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger("rig_conductor.console")
@@ -50,7 +50,7 @@ async def sign_in_failed(rt: Runtime, *, client: str, failures: int) -> None:
         extra={"client": client, "failures": failures},
     )
     row = queries.EventRow(
-        "SIGN_IN_FAILED", detail=json.dumps({"client": client, "failures": failures})
+        EventKind.SIGN_IN_FAILED, detail=json.dumps({"client": client, "failures": failures})
     )
     await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=[row])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import story
+from rig_conductor.domain import EventKind
 from rig_conductor.runtime import Runtime
 
 # What an agent's runtime says when it gives up on a hung handler (agent.handlers).
@@ -15,7 +16,7 @@ ABANDONED_PREFIX = "abandoned"
 async def finished(
     rt: Runtime,
     *,
-    kind: str,
+    kind: EventKind,
     stream: str,
     group: str | None,
     entry_id: str,
@@ -23,12 +24,12 @@ async def finished(
     error: str | None,
     accepted: bool,
 ) -> None:
-    if kind not in ("WORK_COMPLETED", "WORK_FAILED"):
+    if kind not in (EventKind.WORK_COMPLETED, EventKind.WORK_FAILED):
         return
     labels = (stream, group or "unknown")
     if not accepted:
         outcome = "fenced"
-    elif kind == "WORK_COMPLETED":
+    elif kind == EventKind.WORK_COMPLETED:
         outcome = "completed"
     elif (error or "").startswith(ABANDONED_PREFIX):
         outcome = "abandoned"

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from rig_conductor.domain import AssignmentState, EventKind
+
 
 class Kind(enum.StrEnum):
     """What happened to the work, as an operator reads it (the timeline's `kind`)."""
@@ -42,16 +44,16 @@ class State(enum.StrEnum):
 
 # The event-log kinds that tell a story, and what each is called on the timeline.
 EVENT_KINDS: Mapping[str, Kind] = {
-    "ISSUE_ASSIGNED": Kind.DISPATCHED,
-    "WORK_STARTED": Kind.STARTED,
-    "WORK_PROGRESS": Kind.PROGRESS,
-    "WORK_COMPLETED": Kind.COMPLETED,
-    "WORK_PUBLISHED": Kind.PUBLISHED,
-    "WORK_FAILED": Kind.FAILED,
-    "RECLAIMED": Kind.RECLAIMED,
-    "DEAD_LETTERED": Kind.DEAD_LETTERED,
-    "DEAD_LETTER_REQUEUED": Kind.REQUEUED,
-    "DEAD_LETTER_DELETED": Kind.DELETED,
+    EventKind.ISSUE_ASSIGNED: Kind.DISPATCHED,
+    EventKind.WORK_STARTED: Kind.STARTED,
+    EventKind.WORK_PROGRESS: Kind.PROGRESS,
+    EventKind.WORK_COMPLETED: Kind.COMPLETED,
+    EventKind.WORK_PUBLISHED: Kind.PUBLISHED,
+    EventKind.WORK_FAILED: Kind.FAILED,
+    EventKind.RECLAIMED: Kind.RECLAIMED,
+    EventKind.DEAD_LETTERED: Kind.DEAD_LETTERED,
+    EventKind.DEAD_LETTER_REQUEUED: Kind.REQUEUED,
+    EventKind.DEAD_LETTER_DELETED: Kind.DELETED,
 }
 # The least finished state a group is in sums the work up: work is done when every group is.
 _SUMMARY_ORDER = (
@@ -64,12 +66,12 @@ _SUMMARY_ORDER = (
 )
 # The assignment row's states, when Redis no longer has the entry to ask.
 _ASSIGNMENT_STATES: Mapping[str, State] = {
-    "pending": State.PENDING,
-    "running": State.RUNNING,
-    "done": State.DONE,
-    "failed": State.FAILED,
-    "dead": State.DEAD_LETTERED,
-    "superseded": State.PENDING,  # its dispatch goes on as another entry
+    AssignmentState.PENDING: State.PENDING,
+    AssignmentState.RUNNING: State.RUNNING,
+    AssignmentState.DONE: State.DONE,
+    AssignmentState.FAILED: State.FAILED,
+    AssignmentState.DEAD: State.DEAD_LETTERED,
+    AssignmentState.SUPERSEDED: State.PENDING,  # its dispatch goes on as another entry
 }
 
 
@@ -190,7 +192,7 @@ def group_state(
 
 
 def _finished_attempt(assignment: Assignment | None) -> int | None:
-    if assignment is None or assignment.state not in ("done", "dead"):
+    if assignment is None or assignment.state not in (AssignmentState.DONE, AssignmentState.DEAD):
         return None
     return assignment.attempt
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import audits, queries
-from rig_conductor.domain import UNKNOWN_AGENT, GroupInfo
+from rig_conductor.domain import UNKNOWN_AGENT, EventKind, GroupInfo
 from rig_conductor.policy import detector
 from rig_conductor.policy.liveness import Fleet, age_ms
 
@@ -78,7 +78,7 @@ async def _announce(new: list[detector.Sighting], *, engine: AsyncEngine, tenant
         )
     rows = [
         queries.EventRow(
-            "CONSUMER_WITHOUT_HEARTBEAT",
+            EventKind.CONSUMER_WITHOUT_HEARTBEAT,
             agent_id=s.agent,
             consumer=s.consumer,
             stream=s.stream,

@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import dispatches, recovery
 from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
-from rig_conductor.domain import EntryId, StreamKey
+from rig_conductor.domain import AssignmentState, EntryId, StreamKey
 from rig_conductor.policy import redis_loss
 from rig_conductor.reaper import redispatch
 from rig_conductor.settings import Settings
@@ -271,7 +271,7 @@ def _log_appended(
             f"; its completion (attempt {fence.carry.attempt}) was accepted and its outputs are "
             "not published yet: the new entry's holder publishes them"
         )
-    elif fence.consumer and fence.state in ("running", "pending"):
+    elif fence.consumer and fence.state in (AssignmentState.RUNNING, AssignmentState.PENDING):
         held = f"; the attempt {fence.consumer} held is fenced off"
     else:
         held = ""

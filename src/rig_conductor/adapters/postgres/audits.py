@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.engine import create_sync_engine
 from rig_conductor.adapters.postgres.tables import audit_runs, events
+from rig_conductor.domain import EventKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,9 @@ def record_audit(
             conn.execute(audit_runs.insert().values(tenant=tenant, output=output, **verdict))
             conn.execute(
                 events.insert().values(
-                    tenant=tenant, kind="AUDIT_COMPLETED", detail={**verdict, "output": output}
+                    tenant=tenant,
+                    kind=EventKind.AUDIT_COMPLETED,
+                    detail={**verdict, "output": output},
                 )
             )
     finally:

@@ -12,6 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import dispatches, events, redis_epochs
+from rig_conductor.domain import EventKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ async def assigned(
     await conn.execute(
         events.insert().values(
             tenant=tenant,
-            kind="ISSUE_ASSIGNED",
+            kind=EventKind.ISSUE_ASSIGNED,
             agent_id=agent_id,
             stream=stream,
             entry_id=entry_id,

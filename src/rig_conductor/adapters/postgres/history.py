@@ -15,6 +15,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events, scan_reports
+from rig_conductor.domain import EventKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ async def reclaims(
         events.c.entry_ids,
         events.c.entry_id,
         events.c.id,
-    ).where(events.c.tenant == tenant, events.c.kind == "RECLAIMED")
+    ).where(events.c.tenant == tenant, events.c.kind == EventKind.RECLAIMED)
     if where.stream:
         query = query.where(events.c.stream == where.stream)
     if where.agent:

@@ -19,6 +19,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from rig_conductor.domain import CLOSED_STATES, AssignmentState, EventKind
+
+# A work report's kind, or the name of one of the other statements below.
 Kind = str
 
 
@@ -54,17 +57,17 @@ _RETURNING = "RETURNING attempt, state, outputs, published_at"
 _TEMPLATES: dict[Kind, str] = {
     # A reclaim reserved attempt n for its target (state 'pending'): the target's start takes it
     # rather than skipping a number; any other start opens the next attempt.
-    "WORK_STARTED": """
+    EventKind.WORK_STARTED: """
     INSERT INTO {table} AS a (tenant, stream, entry_id, group_name, issue_id, state, consumer,
                               attempt, progress_at)
-    VALUES (:tenant, :stream, :entry_id, :group, :issue_id, 'running', :consumer, 1, now())
+    VALUES (:tenant, :stream, :entry_id, :group, :issue_id, {RUNNING}, :consumer, 1, now())
     ON CONFLICT ({key}) DO UPDATE
-       SET attempt = CASE WHEN a.state = 'pending' AND a.consumer = EXCLUDED.consumer
+       SET attempt = CASE WHEN a.state = {PENDING} AND a.consumer = EXCLUDED.consumer
                           THEN a.attempt ELSE a.attempt + 1 END,
-           state = 'running', consumer = EXCLUDED.consumer,
+           state = {RUNNING}, consumer = EXCLUDED.consumer,
            issue_id = COALESCE(a.issue_id, EXCLUDED.issue_id), updated_at = now(),
            progress_at = now(), group_name = COALESCE(a.group_name, EXCLUDED.group_name)
-     WHERE a.state NOT IN ('done', 'dead', 'superseded')
+     WHERE a.state NOT IN {CLOSED}
        AND (CAST(:claimed AS integer) IS NULL OR CAST(:claimed AS integer) >= a.attempt)
        AND (EXCLUDED.group_name IS NULL OR a.group_name IS NULL
             OR a.group_name = EXCLUDED.group_name)
@@ -72,32 +75,32 @@ _TEMPLATES: dict[Kind, str] = {
     """,
     # Finishing and progress apply only to the attempt named, and only from the consumer that
     # owns it: the one whose start (or the reclaim to it) made that attempt.
-    "WORK_FAILED": """
+    EventKind.WORK_FAILED: """
     UPDATE {table} AS a
-       SET state = 'failed', issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now()
+       SET state = {FAILED}, issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now()
      WHERE {match} AND a.attempt = :claimed AND a.consumer = :consumer
-       AND a.state NOT IN ('done', 'dead', 'superseded')
+       AND a.state NOT IN {CLOSED}
     {returning}
     """,
     # A completion records its staged outputs in the transaction that marks the entry done: the
     # durable record of what still has to be published. None staged: nothing to publish. A
     # retry of an accepted completion (its answer was lost) changes nothing.
-    "WORK_COMPLETED": """
+    EventKind.WORK_COMPLETED: """
     UPDATE {table} AS a
-       SET state = 'done', issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now(),
-           outputs = CASE WHEN a.state = 'done' THEN a.outputs ELSE CAST(:outputs AS jsonb) END,
-           published_at = CASE WHEN a.state = 'done' THEN a.published_at
+       SET state = {DONE}, issue_id = COALESCE(a.issue_id, :issue_id), updated_at = now(),
+           outputs = CASE WHEN a.state = {DONE} THEN a.outputs ELSE CAST(:outputs AS jsonb) END,
+           published_at = CASE WHEN a.state = {DONE} THEN a.published_at
                                WHEN CAST(:outputs AS jsonb) IS NULL THEN now() END
      WHERE {match} AND a.attempt = :claimed AND a.consumer = :consumer
-       AND a.state NOT IN ('dead', 'superseded')
+       AND a.state NOT IN ({DEAD}, {SUPERSEDED})
     {returning}
     """,
     # The accepted attempt's outputs were renamed onto their paths: by its owner, or by a
     # consumer that holds the entry now (the owner died before renaming). Repeats change nothing.
-    "WORK_PUBLISHED": """
+    EventKind.WORK_PUBLISHED: """
     UPDATE {table} AS a
        SET published_at = COALESCE(a.published_at, now()), updated_at = now()
-     WHERE {match} AND a.attempt = :claimed AND a.state = 'done'
+     WHERE {match} AND a.attempt = :claimed AND a.state = {DONE}
        AND (a.consumer = :consumer OR :held)
     {returning}
     """,
@@ -106,17 +109,17 @@ _TEMPLATES: dict[Kind, str] = {
     # the consumer that found them missing (it holds the entry) and the accepted one is fenced.
     "UNPUBLISHABLE": """
     UPDATE {table} AS a
-       SET state = 'pending', attempt = a.attempt + 1, consumer = :consumer, outputs = NULL,
+       SET state = {PENDING}, attempt = a.attempt + 1, consumer = :consumer, outputs = NULL,
            published_at = NULL, updated_at = now(), progress_at = now()
-     WHERE {match} AND a.attempt = :claimed AND a.state = 'done' AND a.published_at IS NULL
+     WHERE {match} AND a.attempt = :claimed AND a.state = {DONE} AND a.published_at IS NULL
        AND a.outputs IS NOT NULL AND (a.consumer = :consumer OR :held)
     {returning}
     """,
     # Progress restarts the current attempt's deadline (rule 4b, docs/rules.md); nothing else.
-    "WORK_PROGRESS": """
+    EventKind.WORK_PROGRESS: """
     UPDATE {table} AS a SET progress_at = now(), updated_at = now()
      WHERE {match} AND a.attempt = :claimed AND a.consumer = :consumer
-       AND a.state NOT IN ('done', 'dead', 'superseded')
+       AND a.state NOT IN {CLOSED}
     {returning}
     """,
     "CURRENT": """
@@ -125,16 +128,21 @@ _TEMPLATES: dict[Kind, str] = {
     """,
     "DONE": """
     SELECT a.attempt, a.state, a.outputs, a.published_at FROM {table} AS a
-     WHERE {match} AND a.state = 'done'
+     WHERE {match} AND a.state = {DONE}
     """,
 }
+
+
+# The states as SQL literals, for the templates: `{DONE}` is 'done', `{CLOSED}` the closed ones.
+_STATES = {state.name: f"'{state}'" for state in AssignmentState}
+_STATES["CLOSED"] = f"({', '.join(_STATES[state.name] for state in CLOSED_STATES)})"
 
 
 @cache
 def _statement(lane: Lane, kind: Kind) -> Any:
     return text(
         _TEMPLATES[kind].format(
-            table=lane.table, key=lane.key, match=lane.match, returning=_RETURNING
+            table=lane.table, key=lane.key, match=lane.match, returning=_RETURNING, **_STATES
         )
     )
 

@@ -13,13 +13,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import listening, move_targets
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
-from rig_conductor.domain import AgentId, ConsumerName, Evidence, Heartbeat, PodState
+from rig_conductor.domain import AgentId, ConsumerName, EventKind, Evidence, Heartbeat, PodState
 
 
 class EventRow(NamedTuple):
     """One row for the append-only event log."""
 
-    kind: str
+    kind: EventKind
     agent_id: str | None = None
     consumer: str | None = None
     stream: str | None = None
@@ -195,7 +195,7 @@ async def append_events(engine: AsyncEngine, *, tenant: str, rows: Sequence[Even
                     await copy.write_row((tenant, *row))
 
 
-async def count_events(engine: AsyncEngine, *, tenant: str, kind: str) -> int:
+async def count_events(engine: AsyncEngine, *, tenant: str, kind: EventKind) -> int:
     async with engine.connect() as conn:
         query = select(func.count()).where(events.c.tenant == tenant, events.c.kind == kind)
         return int((await conn.execute(query)).scalar_one())

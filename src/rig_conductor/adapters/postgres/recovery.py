@@ -30,6 +30,7 @@ from rig_conductor.adapters.postgres.tables import (
     events,
     group_assignments,
 )
+from rig_conductor.domain import AssignmentState, EventKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +262,8 @@ async def supersede(
         # conductor that died before appending), or finished.
         rows = (await conn.execute(_ROWS, params)).all()
     carries = tuple(_carry_of(row) for row in rows if _carried(row))
-    owned = {row.group_name for row in rows if row.state != "superseded"}
-    unfinished = any(row.state == "superseded" for row in rows) or any(
+    owned = {row.group_name for row in rows if row.state != AssignmentState.SUPERSEDED}
+    unfinished = any(row.state == AssignmentState.SUPERSEDED for row in rows) or any(
         group not in owned and None not in owned for group in expected
     )
     if not unfinished:
@@ -273,13 +274,14 @@ async def supersede(
 def _carried(row: Any) -> bool:
     """Finished in its group: done and published (or nothing to publish), or superseded at an
     accepted completion whose outputs are still to publish. A dead one runs again."""
-    if row.state == "done":
+    if row.state == AssignmentState.DONE:
         return True
-    return row.state == "superseded" and bool(row.outputs) and row.published_at is None
+    superseded = row.state == AssignmentState.SUPERSEDED
+    return superseded and bool(row.outputs) and row.published_at is None
 
 
 def _carry_of(row: Any) -> Carry:
-    outputs = row.outputs if row.state == "superseded" else None
+    outputs = row.outputs if row.state == AssignmentState.SUPERSEDED else None
     return Carry(row.attempt, row.consumer, outputs, row.group_name, row.first)
 
 
@@ -366,7 +368,7 @@ async def _carry(
         "stream": dispatch.stream,
         "entry_id": entry_id,
         "issue_id": dispatch.issue_id,
-        "state": "done",
+        "state": AssignmentState.DONE,
         "consumer": carry.consumer,
         "attempt": carry.attempt,
         "outputs": carry.outputs,
@@ -381,7 +383,7 @@ async def _carry(
     await conn.execute(
         events.insert().values(
             tenant=tenant,
-            kind="WORK_COMPLETED",
+            kind=EventKind.WORK_COMPLETED,
             consumer=carry.consumer,
             stream=dispatch.stream,
             group_name=carry.group,

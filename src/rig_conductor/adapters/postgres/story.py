@@ -17,23 +17,24 @@ from sqlalchemy import func, select, text, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
+from rig_conductor.domain import EventKind
 
 # The event-log kinds of a piece of work's story (`policy.story.EVENT_KINDS` names them).
 STORY_KINDS = (
-    "ISSUE_ASSIGNED",
-    "WORK_STARTED",
-    "WORK_PROGRESS",
-    "WORK_COMPLETED",
-    "WORK_PUBLISHED",
-    "WORK_FAILED",
-    "RECLAIMED",
-    "DEAD_LETTERED",
-    "DEAD_LETTER_REQUEUED",
-    "DEAD_LETTER_DELETED",
+    EventKind.ISSUE_ASSIGNED,
+    EventKind.WORK_STARTED,
+    EventKind.WORK_PROGRESS,
+    EventKind.WORK_COMPLETED,
+    EventKind.WORK_PUBLISHED,
+    EventKind.WORK_FAILED,
+    EventKind.RECLAIMED,
+    EventKind.DEAD_LETTERED,
+    EventKind.DEAD_LETTER_REQUEUED,
+    EventKind.DEAD_LETTER_DELETED,
 )
 # The kinds that bring an entry into an issue's story: its dispatch (again, after Redis lost
 # it), a requeue of its dead letter, and the reports of agents that read a foreign entry.
-_ENTRY_KINDS = ("ISSUE_ASSIGNED", "DEAD_LETTER_REQUEUED", "WORK_STARTED")
+_ENTRY_KINDS = (EventKind.ISSUE_ASSIGNED, EventKind.DEAD_LETTER_REQUEUED, EventKind.WORK_STARTED)
 # The most entries one issue's story follows (dispatches again, requeues).
 MAX_ENTRIES = 100
 
@@ -98,7 +99,7 @@ async def dispatched(engine: AsyncEngine, *, tenant: str, issue_id: str) -> bool
         .where(
             events.c.issue_id == issue_id,
             events.c.tenant == tenant,
-            events.c.kind == "ISSUE_ASSIGNED",
+            events.c.kind == EventKind.ISSUE_ASSIGNED,
         )
         .limit(1)
     )
@@ -260,7 +261,7 @@ async def dead_lettered_groups(
         events.c.stream == entry.stream,
         events.c.entry_id == entry.entry_id,
         events.c.tenant == tenant,
-        events.c.kind == "DEAD_LETTERED",
+        events.c.kind == EventKind.DEAD_LETTERED,
     )
     async with engine.connect() as conn:
         return frozenset(str(g) for (g,) in await conn.execute(query) if g is not None)
@@ -283,7 +284,7 @@ async def attempt_seconds(
             events.c.stream == stream,
             events.c.entry_id == entry_id,
             events.c.tenant == tenant,
-            events.c.kind == "WORK_STARTED",
+            events.c.kind == EventKind.WORK_STARTED,
             events.c.attempt == attempt,
             events.c.fenced.is_(False),
             true() if group is None else events.c.group_name == group,

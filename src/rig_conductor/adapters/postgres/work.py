@@ -14,10 +14,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import lanes, recovery
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
-from rig_conductor.domain import EntryId, GroupName, Progress, StagedOutput, StreamKey
+from rig_conductor.domain import (
+    AssignmentState,
+    EntryId,
+    EventKind,
+    GroupName,
+    Progress,
+    StagedOutput,
+    StreamKey,
+)
 
 WorkKind = Literal[
-    "WORK_STARTED", "WORK_PROGRESS", "WORK_COMPLETED", "WORK_FAILED", "WORK_PUBLISHED"
+    EventKind.WORK_STARTED,
+    EventKind.WORK_PROGRESS,
+    EventKind.WORK_COMPLETED,
+    EventKind.WORK_FAILED,
+    EventKind.WORK_PUBLISHED,
 ]
 
 
@@ -78,15 +90,19 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
         "claimed": report.attempt,
         "group": report.group,
     }
-    kind = "UNPUBLISHABLE" if report.kind == "WORK_PUBLISHED" and report.missing else report.kind
+    kind = (
+        "UNPUBLISHABLE"
+        if report.kind == EventKind.WORK_PUBLISHED and report.missing
+        else report.kind
+    )
     async with engine.begin() as conn:
-        if report.kind == "WORK_STARTED":
+        if report.kind == EventKind.WORK_STARTED:
             await recovery.wait_for_append(
                 conn, tenant=tenant, stream=report.stream, issue_id=report.issue_id
             )
         lane = await lanes.lane_of(conn, params)
         row = (await conn.execute(lane.statement(kind), _parameters(report, params))).first()
-        if row is None and lane is lanes.FIRST and report.kind == "WORK_STARTED":
+        if row is None and lane is lanes.FIRST and report.kind == EventKind.WORK_STARTED:
             # Another group claimed the first lane since we looked: ours is the other one.
             lane = await lanes.lane_of(conn, params)
             if lane is lanes.OTHER:
@@ -99,7 +115,7 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
             outcome = WorkOutcome(True, row.attempt, row.state, None, _unpublished(row))
         attempt = (
             outcome.attempt
-            if report.kind == "WORK_STARTED" and outcome.accepted
+            if report.kind == EventKind.WORK_STARTED and outcome.accepted
             else report.attempt
         )
         await conn.execute(
@@ -121,9 +137,9 @@ async def record_work(engine: AsyncEngine, *, tenant: str, report: WorkReport) -
 
 
 def _parameters(report: WorkReport, params: dict[str, Any]) -> dict[str, Any]:
-    if report.kind == "WORK_COMPLETED":
+    if report.kind == EventKind.WORK_COMPLETED:
         return {**params, "outputs": encode_outputs(report.outputs)}
-    if report.kind == "WORK_PUBLISHED":
+    if report.kind == EventKind.WORK_PUBLISHED:
         return {**params, "held": report.held}
     return params
 
@@ -157,7 +173,7 @@ def decode_outputs(value: object) -> tuple[StagedOutput, ...]:
 
 def _unpublished(row: Any) -> tuple[StagedOutput, ...]:
     """A done row's outputs still waiting for their rename; () for anything else."""
-    if row.state != "done" or row.published_at is not None:
+    if row.state != AssignmentState.DONE or row.published_at is not None:
         return ()
     return decode_outputs(row.outputs)
 
@@ -222,12 +238,12 @@ async def _not_applied(
         return WorkOutcome(False, 0, "none", "no attempt of this entry was started")
     fenced = WorkOutcome(False, current.attempt, current.state, None, _unpublished(current))
     claimed = report.attempt
-    if report.kind == "WORK_STARTED" or claimed is None or claimed < current.attempt:
+    if report.kind == EventKind.WORK_STARTED or claimed is None or claimed < current.attempt:
         return fenced
     if claimed > current.attempt:
         refusal = f"attempt {claimed} was never made (the current one is {current.attempt})"
     elif current.consumer != report.consumer and not (
-        report.kind == "WORK_PUBLISHED" and report.held
+        report.kind == EventKind.WORK_PUBLISHED and report.held
     ):
         refusal = f"attempt {claimed} belongs to another consumer"
     else:  # its own current attempt, on a finished entry (or a publish of one not done)
@@ -417,7 +433,7 @@ async def dead_lettered(
             "group_name": group,
             "entry_id": entry_id,
             "issue_id": issue_id,
-            "state": "dead",
+            "state": AssignmentState.DEAD,
             "attempt": max(deliveries, 1),
         }
         for entry_id, issue_id, deliveries in entries
@@ -428,7 +444,7 @@ async def dead_lettered(
             first.on_conflict_do_update(
                 index_elements=["tenant", "stream", "entry_id"],
                 set_={
-                    "state": "dead",
+                    "state": AssignmentState.DEAD,
                     "updated_at": func.now(),
                     "group_name": func.coalesce(assignments.c.group_name, group),
                 },
@@ -442,6 +458,6 @@ async def dead_lettered(
             await conn.execute(
                 other.on_conflict_do_update(
                     index_elements=["tenant", "stream", "group_name", "entry_id"],
-                    set_={"state": "dead", "updated_at": func.now()},
+                    set_={"state": AssignmentState.DEAD, "updated_at": func.now()},
                 )
             )

@@ -16,8 +16,10 @@ from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import (
     AgentId,
+    AssignmentState,
     ConsumerName,
     EntryId,
+    EventKind,
     GroupName,
     StagedOutput,
     StreamKey,
@@ -204,11 +206,11 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
         stream=event.stream,
         group=group,
         entry_id=event.entry_id,
-        attempt=outcome.attempt if event.type == "WORK_STARTED" else event.attempt,
+        attempt=outcome.attempt if event.type == EventKind.WORK_STARTED else event.attempt,
         error=event.error,
         accepted=outcome.accepted,
     )
-    if not outcome.accepted and event.type != "WORK_FAILED":
+    if not outcome.accepted and event.type != EventKind.WORK_FAILED:
         rt.refusal_log.log(
             logger,
             logging.WARNING,
@@ -229,7 +231,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             outputs=_outputs(outcome.outputs),
         )
         return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
-    if event.type == "WORK_STARTED":
+    if event.type == EventKind.WORK_STARTED:
         return JSONResponse(
             schemas.WorkStarted(attempt=outcome.attempt).model_dump(by_alias=True), status_code=202
         )
@@ -319,12 +321,12 @@ def _outputs(outputs: tuple[StagedOutput, ...]) -> list[schemas.StagedOutputMode
 
 
 def _fenced_detail(state: str) -> str:
-    if state == "superseded":
+    if state == AssignmentState.SUPERSEDED:
         return (
             "fenced: Redis lost this entry and its dispatch was appended again as a new entry; "
             "that one counts"
         )
-    if state in ("done", "dead"):
+    if state in (AssignmentState.DONE, AssignmentState.DEAD):
         return f"fenced: the entry is already {state}"
     return "fenced: a newer attempt owns this entry"
 
