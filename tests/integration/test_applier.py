@@ -14,8 +14,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import domain, logs
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, PendingEntry
 from rig_conductor.effects import applier as effects
 from rig_conductor.metrics import Metrics

@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.adapters.redis import inspection as redis_inspect
 
 from .console_kit import (
     AGENT,

@@ -12,10 +12,11 @@ from redis.asyncio import RedisCluster
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName, StreamKey
 from rig_conductor.reaper import cycle

@@ -14,8 +14,8 @@ import uuid
 
 from redis.exceptions import RedisError
 
-from rig_conductor.adapters import redis_keys
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis.client import AnyRedis
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams, redis_sweep
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     UNKNOWN_AGENT,

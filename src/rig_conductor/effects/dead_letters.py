@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import logging
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 from rig_conductor.effects.journal import Journal
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rig_conductor import logs, roles
-from rig_conductor.adapters import failures, redis_inspect, redis_streams
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.adapters.redis_streams import DeadLetter
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.streams import DeadLetter
 from rig_conductor.domain import StreamKey
 from rig_conductor.runtime import Runtime
 

@@ -21,8 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rig_conductor import roles
-from rig_conductor.adapters import failures, redis_holders, redis_inspect, redis_reading
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.redis import holders as redis_holders
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import reading as redis_reading
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 from rig_conductor.effects import applier as effects
 from rig_conductor.operations import views

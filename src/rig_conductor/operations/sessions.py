@@ -12,8 +12,8 @@ import logging
 import time
 
 from rig_conductor import roles, throttle
-from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.domain import StreamKey
 from rig_conductor.runtime import Runtime
 

@@ -22,10 +22,12 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client, redis_inspect, redis_streams
-from rig_conductor.adapters import redis_reading as reading
 from rig_conductor.adapters.postgres import measurements, queries, work
-from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import reading
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState, StreamKey
 from rig_conductor.effects import applier as effects
 from rig_conductor.policy import liveness, measure, reclaim, registry

@@ -16,8 +16,10 @@ from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
 from redis.exceptions import AskError, MovedError, ResponseError
 
-from rig_conductor.adapters import consumer_summary, redis_keys, redis_lag
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis import consumer_summary
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import lag as redis_lag
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered
 from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,

@@ -15,9 +15,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_keys
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
-from rig_conductor.adapters.redis_streams import (
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis.streams import (
     RAW,
     DeadLetter,
     dead_letter_of,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import ResponseError
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, StreamKey
 
 # An event of the previous release names no group: the groups searched for its holder, at most
