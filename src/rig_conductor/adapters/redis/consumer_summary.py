@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import AskError, MovedError
 
 from rig_conductor.adapters.redis import lua
+from rig_conductor.adapters.redis.client import raise_moved
 from rig_conductor.domain import ConsumerInfo, ConsumerName, GroupName, StreamKey
 
 
@@ -33,10 +33,9 @@ async def summaries(
         for stream, group in groups:
             await script(keys=[stream], args=[group, others], client=pipe)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)
     found: list[tuple[int, tuple[ConsumerInfo, ...]] | Exception] = []
     for reply in replies:
-        if isinstance(reply, MovedError | AskError):
-            raise reply
         found.append(reply if isinstance(reply, Exception) else _decode(reply))
     return found
 

@@ -13,6 +13,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from rig_conductor.adapters.redis import lua
+from rig_conductor.adapters.redis.client import raise_moved
 from rig_conductor.domain import StreamKey
 
 # Entries a group has not been delivered yet, counted where Redis does not say (6.2, or 7
@@ -24,7 +25,8 @@ async def group_lags(
     client: Redis, groups: Sequence[tuple[StreamKey, Mapping[str, Any]]]
 ) -> list[int | None]:
     """Each group's lag (entries not yet delivered to it): XINFO GROUPS' own `lag` on Redis 7,
-    else counted (up to `LAG_COUNT_CAP`); None where it cannot be had."""
+    else counted (up to `LAG_COUNT_CAP`); None where it cannot be had. A slot that moved is
+    raised (`raise_moved`), for the caller's retry."""
     lags: list[int | None] = []
     counting: list[tuple[int, StreamKey, str]] = []
     for n, (stream, info) in enumerate(groups):
@@ -39,6 +41,7 @@ async def group_lags(
         for _, stream, last in counting:
             await script(keys=[stream], args=[last, LAG_COUNT_CAP], client=pipe)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)
     for (n, _, _), reply in zip(counting, replies, strict=True):
         lags[n] = None if isinstance(reply, Exception) else int(reply)
     return lags

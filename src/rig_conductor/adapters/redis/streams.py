@@ -14,12 +14,12 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
-from redis.exceptions import AskError, MovedError, ResponseError
+from redis.exceptions import ResponseError
 
 from rig_conductor.adapters.redis import consumer_summary, lua
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import lag as redis_lag
-from rig_conductor.adapters.redis.client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered, raise_moved
 from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,
@@ -136,6 +136,8 @@ async def delete_empty_consumers(
         replies = await pipe.execute(raise_on_error=False)
     outcomes: list[str | None] = []
     for reply in replies:
+        # A MOVED is reported like a refusal, not raised (`raise_moved`): hygiene has no retry,
+        # the consumer stays, and the next scan reads its group where it lives now.
         if isinstance(reply, ResponseError):
             outcomes.append(str(reply))
         elif int(reply) < 0:
@@ -229,13 +231,13 @@ async def describe_groups(
                 pipe.xinfo_consumers(stream, group)
             if pending:
                 pipe.xpending_range(stream, group, min="-", max="+", count=1)
-        replies = iter(await pipe.execute(raise_on_error=False))
+        replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)  # a cluster slot moved since the map was read: the caller retries
+    answers = iter(replies)
     described: list[GroupInfo] = []
     for n, (stream, group, pending, lag) in enumerate(groups):
-        reply = summaries[n] if others is not None else next(replies)
-        oldest = next(replies) if pending else []
-        if isinstance(reply, MovedError | AskError):
-            raise reply
+        reply = summaries[n] if others is not None else next(answers)
+        oldest = next(answers) if pending else []
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
@@ -252,10 +254,9 @@ async def _groups_of(
         for stream in streams:
             pipe.xinfo_groups(stream)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)  # a cluster slot moved since the map was read: the caller retries
     groups: list[tuple[StreamKey, GroupName, int, Mapping[str, Any]]] = []
     for stream, reply in zip(streams, replies, strict=True):
-        if isinstance(reply, MovedError | AskError):
-            raise reply  # a cluster slot moved since the map was read: the caller retries
         if isinstance(reply, Exception):
             logger.info("Stream %s skipped: %s", stream, reply)
             continue
