@@ -28,7 +28,7 @@ from .helpers import fill, owners, read, register
 S, G = domain.StreamKey("rig:dispatch"), domain.GroupName("workers")
 OWNER, TARGET = ConsumerName("dead-0"), ConsumerName("live-0")
 MAX_DELIVERIES = 3
-LOGGER = "rig_conductor.reaper.cycle"
+LOGGER = logs.RECLAIM_LOGGER
 
 
 async def held_entries(redis: Redis) -> tuple[list[str], list[PendingEntry]]:

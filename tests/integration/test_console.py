@@ -191,7 +191,7 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     reclaimed = [
         json.loads(line)
         for record in caplog.records
-        if record.name == "rig_conductor.reaper.cycle"
+        if record.name == logs.RECLAIM_LOGGER
         for line in formatter.format(record).splitlines()
     ]
     assert [r["entryId"] for r in reclaimed] == held[:2]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # The one logger of the [StreamReclaim] lines. It keeps the name it had when the scan wrote them
 # all itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.cycle")
+logger = logging.getLogger(logs.RECLAIM_LOGGER)
 
 WOULD_RECLAIM = (
     "[StreamReclaim] DRY RUN: would reclaim {entryId} on {stream}: {fromConsumer} -> {toConsumer}"

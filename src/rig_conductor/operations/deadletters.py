@@ -23,7 +23,7 @@ from rig_conductor.adapters.redis.streams import DeadLetter
 from rig_conductor.domain import StreamKey
 from rig_conductor.runtime import Runtime
 
-logger = logging.getLogger("rig_conductor.console")
+logger = logging.getLogger(logs.CONSOLE_LOGGER)
 
 # What the console does to the dead letters it is given, and what it says it did.
 Action = Literal["requeue", "delete"]

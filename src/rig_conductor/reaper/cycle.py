@@ -22,6 +22,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import measurements, queries, work
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.adapters.redis import inspection as redis_inspect
@@ -38,7 +39,7 @@ from rig_conductor.settings import Settings
 if TYPE_CHECKING:
     from rig_conductor.metrics import Metrics
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(logs.RECLAIM_LOGGER)  # the name the reclaim lines share
 
 
 # Looks up consumers by pod name: their states, for those Kubernetes could answer for.
