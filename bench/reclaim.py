@@ -19,7 +19,7 @@ from unittest import mock
 
 import harness
 from harness import GROUP, TENANT, BenchError, CliRun, Shape, Stores, redis_kit
-from rig_conductor.adapters import redis_sweep
+from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, StreamKey
 from rig_conductor.reaper.cycle import ScanReport, reap_once
 from rig_conductor.settings import Settings

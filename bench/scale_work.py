@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import harness
 from harness import TENANT, BenchError, Stores
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import dispatches, move_targets, queries, work
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import DEAD_LETTER_REASON, ConsumerName, GroupName, StreamKey
 
 STORY_ISSUE = "scale-story"

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_sweep
-from rig_conductor.adapters.redis_client import redis_client_retry
+from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis.client import redis_client_retry
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 
 PAGE_SIZE = 10_000  # XPENDING rows per call

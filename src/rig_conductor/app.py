@@ -14,9 +14,10 @@ from kubernetes.client import ApiClient
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from rig_conductor import __version__, console, lograte, roles
-from rig_conductor.adapters import redis_client, token_review
+from rig_conductor.adapters import token_review
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
+from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.api import errors, heartbeat_lane
 from rig_conductor.api.routes import deadletters, events, health, operator, views, work
 from rig_conductor.domain import ConsumerName, PodState

@@ -232,8 +232,9 @@ def _reap(args: argparse.Namespace, settings: Settings) -> int:
 async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
     """The schema check, the permission probe and the scan on one event loop, one Redis client
     and one engine: the command's start-up is part of every scan an operator runs by hand."""
-    from rig_conductor.adapters import redis_access, redis_client
     from rig_conductor.adapters.postgres import engine as pg
+    from rig_conductor.adapters.redis import access as redis_access
+    from rig_conductor.adapters.redis import client as redis_client
     from rig_conductor.reaper import cycle
 
     gcpolicy.loaded()
@@ -270,7 +271,8 @@ async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
 def _redis_access_problem(settings: Settings) -> str | None:
     """One line naming a permission the conductor's Redis user lacks; None when it has them
     all, or when Redis cannot be reached now (the scans and /readyz report that)."""
-    from rig_conductor.adapters import redis_access, redis_client
+    from rig_conductor.adapters.redis import access as redis_access
+    from rig_conductor.adapters.redis import client as redis_client
 
     async def probe() -> str | None:
         client = redis_client.connect(settings)
@@ -289,7 +291,8 @@ def _redis_access_problem(settings: Settings) -> str | None:
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
-    from rig_conductor.adapters import redis_access, redis_client
+    from rig_conductor.adapters.redis import access as redis_access
+    from rig_conductor.adapters.redis import client as redis_client
 
     problems: list[str] = []
 

@@ -36,9 +36,9 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from rig_conductor.adapters import redis_client
 from rig_conductor.adapters.postgres import migrations
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent import Entry, run_agent
 from rig_conductor.agent.settings import AgentSettings
 from rig_conductor.app import create_app

@@ -62,6 +62,11 @@ _quote = json.encoder.encode_basestring_ascii
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 # The line of every moved entry (reaper rule 8, docs/rules.md), whoever moved it.
 RECLAIMED = "[StreamReclaim] Reclaimed {entryId} on {stream}: {fromConsumer} -> {toConsumer}"
+# The names of the loggers several modules write under, spelled once: operators filter on them.
+# The reclaim lines keep the name they had when the scan wrote them all itself.
+RECLAIM_LOGGER = "rig_conductor.reaper.cycle"  # [StreamReclaim] and the dead letters
+LEADER_LOGGER = "rig_conductor.reaper.leader"  # the leader election and its leases
+CONSOLE_LOGGER = "rig_conductor.console"  # what operators did and saw, by console or API
 # How the text log writes each control character: short escapes where Python has them.
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))

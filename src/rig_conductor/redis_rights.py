@@ -5,7 +5,7 @@ and keeps its own keys (`rig:agent:<agentId>:*`: the consumer-name lease); it ca
 stream, claim, delete or trim entries, touch any key of the conductor's (dispatch markers,
 epochs, dead-letter streams, console sessions) or of another agent, and asks the conductor to
 dead-letter. Redis 7 ACL selectors give the agent's own keys their own commands. The rules are
-pure text from the settings; `adapters.redis_access` checks at start that a user has what its
+pure text from the settings; `adapters.redis.access` checks at start that a user has what its
 role needs.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rig_conductor import domain
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis import keys as redis_keys
 
 if TYPE_CHECKING:
     from rig_conductor.settings import Settings

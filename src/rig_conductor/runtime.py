@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor import lograte, roles
 from rig_conductor.adapters.postgres import queries, registrations
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
-from rig_conductor.adapters.redis_client import AnyRedis, Topology
+from rig_conductor.adapters.redis.client import AnyRedis, Topology
 from rig_conductor.domain import AgentId, ConsumerName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.operations.registrations import ConsumerLimit

@@ -13,8 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import domain, logs
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, PendingEntry
 from rig_conductor.effects import applier as effects
 from rig_conductor.metrics import Metrics
@@ -27,7 +27,7 @@ from .helpers import fill, idle_at_least, owners, read, register
 S, G = domain.StreamKey("rig:dispatch"), domain.GroupName("workers")
 OWNER, TARGET = ConsumerName("dead-0"), ConsumerName("live-0")
 MAX_DELIVERIES = 3
-LOGGER = "rig_conductor.reaper.cycle"
+LOGGER = logs.RECLAIM_LOGGER
 
 
 async def held_entries(redis: Redis) -> tuple[list[str], list[PendingEntry]]:

@@ -28,9 +28,9 @@ from redis.asyncio import Redis  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
-from rig_conductor.adapters import redis_streams  # noqa: E402
 from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows  # noqa: E402
+from rig_conductor.adapters.redis import streams as redis_streams  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,

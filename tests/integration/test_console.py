@@ -18,8 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_inspect
 from rig_conductor.adapters.postgres.tables import assignments, events
+from rig_conductor.adapters.redis import inspection as redis_inspect
 
 from .console_kit import (
     AGENT,
@@ -190,7 +190,7 @@ async def test_move_by_hand_is_guarded_reserves_an_attempt_and_logs_manual(
     reclaimed = [
         json.loads(line)
         for record in caplog.records
-        if record.name == "rig_conductor.reaper.cycle"
+        if record.name == logs.RECLAIM_LOGGER
         for line in formatter.format(record).splitlines()
     ]
     assert [r["entryId"] for r in reclaimed] == held[:2]

@@ -15,9 +15,10 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_inspect, redis_streams
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.operations import deadletters
 from rig_conductor.settings import Settings
 

@@ -16,10 +16,11 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import recovery, work
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.app import create_app
 from rig_conductor.domain import StagedOutput, StreamKey
 from rig_conductor.metrics import Metrics

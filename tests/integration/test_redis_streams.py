@@ -7,7 +7,8 @@ import logging
 import pytest
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_streams, redis_sweep
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.domain import ConsumerName, GroupInfo, GroupName, PendingEntry, StreamKey
 from tests import redis_kit
 

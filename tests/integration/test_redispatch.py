@@ -9,10 +9,11 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.postgres.tables import dispatches, events
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings

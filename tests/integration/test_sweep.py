@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import (
     AgentId,
     ConsumerName,

@@ -235,12 +235,13 @@ async def test_a_python_and_a_typescript_agent_share_one_group(
 
 
 def test_the_lease_is_the_python_runtimes(rig_agent: list[str]) -> None:
-    """Same key and scripts as `rig_conductor.agent.lease`, so the two runtimes exclude each
-    other on one consumer name."""
+    """Same key and scripts as `rig_conductor.agent.lease` (its scripts in `adapters.redis.lua`),
+    so the two runtimes exclude each other on one consumer name."""
+    from rig_conductor.adapters.redis import lua
     from rig_conductor.agent import lease
 
     source = (PACKAGE / "src" / "lease.ts").read_text()
-    assert lease._RENEW_LUA in source and lease._RELEASE_LUA in source
+    assert lua.LEASE_RENEW in source and lua.LEASE_RELEASE in source
     assert "`${agentPrefix(agentId)}lease:${stream}:${group}:${consumer}`" in source
     assert lease.lease_key("a", "s", "g", "c") == "rig:agent:a:lease:s:g:c"
     assert sys.executable  # the Python side runs in this interpreter

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_lag
+from rig_conductor.adapters.redis import lag as redis_lag
 from rig_conductor.domain import StreamKey
 from rig_conductor.settings import Settings
 

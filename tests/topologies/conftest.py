@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from rig_conductor import redis_rights
-from rig_conductor.adapters import redis_client
+from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.settings import Settings
 
 from .servers import (

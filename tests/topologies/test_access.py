@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from rig_conductor import redis_rights
-from rig_conductor.adapters import redis_access, redis_client
+from rig_conductor.adapters.redis import access as redis_access
+from rig_conductor.adapters.redis import client as redis_client
 from tests.integration.helpers import free_port
 
 from .conftest import ACL_STREAMS, PASSWORD, acl_admin, agent_url, env_settings

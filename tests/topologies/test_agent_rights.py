@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis import keys as redis_keys
 from tests.e2e.fleet import (
     GROUP,
     STREAM,

@@ -6,16 +6,19 @@ import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 import pytest
 from redis.asyncio import RedisCluster
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_keys, redis_streams
 from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName, StreamKey
 from rig_conductor.reaper import cycle
@@ -161,6 +164,55 @@ async def test_a_slot_moved_since_the_map_was_read_costs_one_retry_and_no_double
             )
         )
     assert moved == PER_STREAM  # recorded once each
+
+
+@pytest.mark.parametrize("seam", ["read_pages", "claim"])
+async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
+    seam: str,
+    cluster: Cluster,
+    cluster_client: RedisCluster,
+    cluster_env: dict[str, str],
+    engine: AsyncEngine,
+    settings_for: Callable[..., Settings],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The slot moves after the scan read the group and before the sweep reads its pending
+    list (`read_pages`) or claims from it (`claim`): Redis answers that pipeline's commands
+    MOVED. That reply is raised (`raise_moved`), so `on_owner` re-reads the slot map and sweeps
+    again on the new primary; it must not be logged as a page skipped or a claim failed, with
+    nothing moved. The slot is moved from inside the adapter's own function, the one moment
+    between the reading and the sweep a test can reach; the MOVED itself is the real server's."""
+    stream = STREAMS[1]
+    held = await scene(cluster_client, engine, [stream])
+    settings = reaper_settings(settings_for, cluster_env, streams=(stream,))
+    topology = Topology(cluster_client, settings)
+    real = getattr(redis_sweep, seam)
+    calls = 0
+
+    async def slot_moves_first(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            source = cluster.owner_of(stream)
+            cluster.migrate_slot(stream, next(p for p in cluster.primaries() if p != source))
+        return await real(*args, **kwargs)
+
+    try:
+        before = cluster.owner_of(stream)
+        with (
+            mock.patch.object(redis_sweep, seam, slot_moves_first),
+            caplog.at_level(logging.INFO, logger="rig_conductor"),
+        ):
+            report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+    finally:
+        await topology.aclose()
+    assert cluster.owner_of(stream) != before, "the slot moved under the sweep"
+    assert calls >= 2, "the sweep ran again after the MOVED"
+    skipped = [r.getMessage() for r in caplog.records if r.name == redis_sweep.__name__]
+    assert skipped == [], "a MOVED reply read as a page skipped or a claim failed"
+    assert not [r for r in caplog.records if "[StreamReclaim] Left" in r.getMessage()]
+    assert report.reclaimed == PER_STREAM and report.nodes_failed == []
+    assert await owners(cluster_client, stream, G) == dict.fromkeys(held[stream], LIVE)
 
 
 async def test_a_dead_primary_is_left_out_and_counted_while_the_others_are_reaped(

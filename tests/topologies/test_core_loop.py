@@ -16,7 +16,8 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client, redis_keys
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis import keys as redis_keys
 from tests.e2e.fleet import (
     GROUP,
     ONE_READ,

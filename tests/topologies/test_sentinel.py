@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client
+from rig_conductor.adapters.redis import client as redis_client
 from tests.e2e.fleet import STREAM, Fleet, accepted_completions, conductor_env, heard_from
 from tests.integration.helpers import serve, wait_for
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.agent.entry import consumer_name, triage
 from rig_conductor.agent.lease import lease_key
 

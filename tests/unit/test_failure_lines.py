@@ -10,8 +10,8 @@ from redis.exceptions import AuthenticationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
-from rig_conductor.adapters import redis_access
 from rig_conductor.adapters.postgres import engine as pg
+from rig_conductor.adapters.redis import access as redis_access
 
 
 def wrapped(message: str) -> OperationalError:

@@ -21,7 +21,7 @@ def _capture(log_format: str) -> tuple[logging.Logger, io.StringIO]:
     stream = io.StringIO()
     config["handlers"]["stderr"]["stream"] = stream
     logging.config.dictConfig(config)
-    return logging.getLogger("rig_conductor.reaper.cycle"), stream
+    return logging.getLogger(logs.RECLAIM_LOGGER), stream
 
 
 def test_json_lines_carry_message_and_fields() -> None:

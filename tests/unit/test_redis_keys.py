@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rig_conductor.adapters import redis_keys
+from rig_conductor.adapters.redis import keys as redis_keys
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
 )
 
-from rig_conductor.adapters import redis_client
+from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.settings import RigSettings
 
 COMMANDS: list[tuple[Any, ...]] = [

@@ -1,6 +1,6 @@
 """The TypeScript runtime's table of start-up permission probes
 (`clients/typescript/test/access-probes.json`, which its `npm test` checks the TypeScript code
-against) says what `adapters.redis_access` runs for an agent: the two runtimes ask Redis the same
+against) says what `adapters.redis.access` runs for an agent: the two runtimes ask Redis the same
 questions, so one user passes both or neither."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rig_conductor.adapters import redis_access, redis_keys
+from rig_conductor.adapters.redis import access as redis_access
+from rig_conductor.adapters.redis import keys as redis_keys
 
 TABLE = json.loads(
     (Path(__file__).resolve().parents[2] / "clients/typescript/test/access-probes.json").read_text()

@@ -1,5 +1,5 @@
 // What the agent's Redis user must be allowed, checked at start with harmless probes, as the
-// Python runtime does (`rig_conductor.adapters.redis_access`): the same commands, on the same
+// Python runtime does (`rig_conductor.adapters.redis.access`): the same commands, on the same
 // keys, with the same lines.
 //
 // Each probe runs one command the agent needs, on its stream in a form that changes nothing there

@@ -1,6 +1,6 @@
 // The consumer-name lease: a Redis key that says "this consumer name is in use". The key and the
-// scripts are the Python runtime's (`rig_conductor.agent.lease`), byte for byte, so the two
-// runtimes exclude each other.
+// scripts are the Python runtime's (`rig_conductor.agent.lease`, its scripts in
+// `rig_conductor.adapters.redis.lua`), byte for byte, so the two runtimes exclude each other.
 import { randomUUID } from "node:crypto";
 
 import { ConsumerInUse } from "./errors.js";

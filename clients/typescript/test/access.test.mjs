@@ -1,5 +1,5 @@
 // The start-up permission probe asks Redis what the Python runtime asks
-// (`adapters.redis_access`): access-probes.json is computed by it.
+// (`adapters.redis.access`): access-probes.json is computed by it.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { test } from "node:test";

@@ -14,8 +14,9 @@ import uuid
 
 from redis.exceptions import RedisError
 
-from rig_conductor.adapters import redis_keys
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import lua
+from rig_conductor.adapters.redis.client import AnyRedis
 
 logger = logging.getLogger(__name__)
 
@@ -30,28 +31,6 @@ class ConsumerInUse(AgentError):
 
 class LeaseLost(AgentError):
     """Another process took the consumer name over while this one ran."""
-
-
-# Renew the lease only while this instance holds it; take it again if it expired meanwhile.
-_RENEW_LUA = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not holder and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-return 0
-"""
-# The holder and the time it has left, in one look.
-_HOLDER_LUA = """
-return {redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
-"""
-_RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def lease_key(agent_id: str, stream: str, group: str, consumer: str) -> str:
@@ -81,7 +60,7 @@ class ConsumerLease:
         while until is None or not until.is_set():
             if await self._client.set(self.key, self.instance, nx=True, px=self._ttl_ms):
                 return True
-            holder, ttl = await self._client.eval(_HOLDER_LUA, 1, self.key)
+            holder, ttl = await self._client.eval(lua.LEASE_HOLDER, 1, self.key)
             if holder is None:
                 continue
             if first is None:
@@ -105,9 +84,11 @@ class ConsumerLease:
 
     async def renew(self) -> bool:
         """False when another instance holds the name now."""
-        still_ours = await self._client.eval(_RENEW_LUA, 1, self.key, self.instance, self._ttl_ms)
+        still_ours = await self._client.eval(
+            lua.LEASE_RENEW, 1, self.key, self.instance, self._ttl_ms
+        )
         return bool(still_ours)
 
     async def release(self) -> None:
         with contextlib.suppress(RedisError):
-            await self._client.eval(_RELEASE_LUA, 1, self.key, self.instance)
+            await self._client.eval(lua.LEASE_RELEASE, 1, self.key, self.instance)

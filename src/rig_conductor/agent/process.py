@@ -8,8 +8,9 @@ import logging
 import signal
 from collections.abc import Iterator
 
-from rig_conductor.adapters import redis_access, redis_client
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import access as redis_access
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.entry import Handler, consumer_name
 from rig_conductor.agent.runtime import BLOCK_MS, SHUTDOWN_GRACE_S, Agent

@@ -10,7 +10,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis.client import AnyRedis
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from redis.exceptions import RedisError, ResponseError
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent import settle, staging
 from rig_conductor.agent.conductor import (
     ConductorClient,

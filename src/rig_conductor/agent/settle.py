@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent import staging
 from rig_conductor.agent.conductor import (
     ConductorClient,

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rig_conductor import lograte, roles, throttle
-from rig_conductor.adapters import failures, redis_keys, token_review
+from rig_conductor.adapters import failures, token_review
+from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.api.access import (
     API_FREE_FAILURES,
     AccessLog,

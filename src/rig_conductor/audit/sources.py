@@ -18,8 +18,9 @@ import redis
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from rig_conductor.adapters import redis_client, redis_keys
-from rig_conductor.adapters.redis_client import AnySyncRedis
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis.client import AnySyncRedis
 from rig_conductor.settings_base import RigSettings
 
 if TYPE_CHECKING:

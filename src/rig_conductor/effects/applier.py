@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 from redis.asyncio import Redis
 
 from rig_conductor import logs
-from rig_conductor.adapters import redis_streams, redis_sweep
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     UNKNOWN_AGENT,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 # The one logger of the [StreamReclaim] lines. It keeps the name it had when the scan wrote them
 # all itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.cycle")
+logger = logging.getLogger(logs.RECLAIM_LOGGER)
 
 WOULD_RECLAIM = (
     "[StreamReclaim] DRY RUN: would reclaim {entryId} on {stream}: {fromConsumer} -> {toConsumer}"

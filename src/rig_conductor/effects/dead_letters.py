@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import logging
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import (
     ConsumerName,
     EntryId,
@@ -20,7 +21,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.effects.journal import Journal
 
-logger = logging.getLogger("rig_conductor.reaper.cycle")
+logger = logging.getLogger(logs.RECLAIM_LOGGER)
 
 
 async def dead_letter_held(

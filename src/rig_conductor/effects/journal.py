@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import move_targets, queries, work
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, EventKind
 from rig_conductor.policy import reclaim
 

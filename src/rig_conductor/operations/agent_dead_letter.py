@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rig_conductor.adapters import redis_holders, redis_streams
 from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.redis import holders as redis_holders
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, EntryId, GroupName, StreamKey
 from rig_conductor.effects import dead_letters
 from rig_conductor.effects.journal import Journal

@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rig_conductor import logs, roles
-from rig_conductor.adapters import failures, redis_inspect, redis_streams
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import queries
-from rig_conductor.adapters.redis_streams import DeadLetter
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.streams import DeadLetter
 from rig_conductor.domain import EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
-logger = logging.getLogger("rig_conductor.console")
+logger = logging.getLogger(logs.CONSOLE_LOGGER)
 
 # What the console does to the dead letters it is given, and what it says it did.
 Action = Literal["requeue", "delete"]

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from rig_conductor.adapters import redis_client, redis_streams
 from rig_conductor.adapters.postgres import dispatches
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import EntryId, EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 

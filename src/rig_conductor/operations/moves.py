@@ -20,9 +20,12 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rig_conductor import roles
-from rig_conductor.adapters import failures, redis_holders, redis_inspect, redis_reading
+from rig_conductor import logs, roles
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.redis import holders as redis_holders
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import reading as redis_reading
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 from rig_conductor.effects import applier as effects
 from rig_conductor.operations import views
@@ -30,7 +33,7 @@ from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet, TargetCandidate
 from rig_conductor.runtime import Runtime
 
-audit_log = logging.getLogger("rig_conductor.console")
+audit_log = logging.getLogger(logs.CONSOLE_LOGGER)
 
 REASON: reclaim.Reason = "manual"
 MAX_ENTRIES = 1_000

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rig_conductor.adapters import redis_holders
 from rig_conductor.adapters.postgres import work
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis import holders as redis_holders
+from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import AgentId, EntryId, EventKind, StreamKey
 from rig_conductor.policy import speaking
 from rig_conductor.policy.agents import AgentIndex

@@ -8,12 +8,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from rig_conductor import roles
+from rig_conductor import logs, roles
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.domain import EventKind
 from rig_conductor.runtime import Runtime
 
-logger = logging.getLogger("rig_conductor.console")
+logger = logging.getLogger(logs.CONSOLE_LOGGER)
 
 
 async def record_console_scan(rt: Runtime, caller: roles.Caller, report: Mapping[str, Any]) -> None:

@@ -11,13 +11,13 @@ import json
 import logging
 import time
 
-from rig_conductor import roles, throttle
-from rig_conductor.adapters import redis_inspect
+from rig_conductor import logs, roles, throttle
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.domain import EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
-logger = logging.getLogger("rig_conductor.console")
+logger = logging.getLogger(logs.CONSOLE_LOGGER)
 
 
 async def sign_out(rt: Runtime, caller: roles.Caller, *, nonce: str, expires: int) -> None:

@@ -15,8 +15,12 @@ from datetime import datetime
 from fnmatch import fnmatchcase
 from operator import attrgetter
 
-from rig_conductor.adapters import failures, redis_inspect, redis_keys, redis_reading, redis_streams
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import history, queries
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import reading as redis_reading
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import (
     AgentId,
     ConsumerName,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rig_conductor.adapters import failures, redis_holders
+from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import story as rows
+from rig_conductor.adapters.redis import holders as redis_holders
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.policy import story
 from rig_conductor.runtime import Runtime

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_streams
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import Evidence, GroupInfo, Limits
 from rig_conductor.policy import hygiene
 

@@ -22,10 +22,13 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_client, redis_inspect, redis_streams
-from rig_conductor.adapters import redis_reading as reading
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import measurements, queries, work
-from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.adapters.redis import client as redis_client
+from rig_conductor.adapters.redis import inspection as redis_inspect
+from rig_conductor.adapters.redis import reading
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState, StreamKey
 from rig_conductor.effects import applier as effects
 from rig_conductor.policy import liveness, measure, reclaim, registry
@@ -36,7 +39,7 @@ from rig_conductor.settings import Settings
 if TYPE_CHECKING:
     from rig_conductor.metrics import Metrics
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(logs.RECLAIM_LOGGER)  # the name the reclaim lines share
 
 
 # Looks up consumers by pod name: their states, for those Kubernetes could answer for.

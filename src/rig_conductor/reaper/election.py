@@ -15,7 +15,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
-logger = logging.getLogger("rig_conductor.reaper.leader")
+from rig_conductor import logs
+
+logger = logging.getLogger(logs.LEADER_LOGGER)
 
 OnChange = Callable[[bool], Awaitable[None] | None]
 

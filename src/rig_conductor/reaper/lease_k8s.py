@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from kubernetes import client as k8s_client
 
+from rig_conductor import logs
 from rig_conductor.adapters import kubernetes
 from rig_conductor.reaper.election import (
     DEFAULT_LEASE_DURATION_S,
@@ -21,7 +22,7 @@ from rig_conductor.reaper.election import (
     replica_identity,
 )
 
-logger = logging.getLogger("rig_conductor.reaper.leader")
+logger = logging.getLogger(logs.LEADER_LOGGER)
 
 Clock = Callable[[], datetime]
 

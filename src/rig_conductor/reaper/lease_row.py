@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import intake, leases
 from rig_conductor.reaper.election import (
     DEFAULT_LEASE_DURATION_S,
@@ -20,7 +21,7 @@ from rig_conductor.reaper.election import (
     replica_identity,
 )
 
-logger = logging.getLogger("rig_conductor.reaper.leader")
+logger = logging.getLogger(logs.LEADER_LOGGER)
 
 
 class LeaseRowElector(ElectorBase):

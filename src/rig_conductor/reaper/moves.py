@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 
 from rig_conductor import gcpolicy
-from rig_conductor.adapters import redis_sweep
-from rig_conductor.adapters.redis_sweep import PageRequest
+from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis.sweep import PageRequest
 from rig_conductor.domain import ConsumerName
 from rig_conductor.effects import applier as effects
 from rig_conductor.policy import reclaim

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import dispatches, recovery
-from rig_conductor.adapters.redis_client import AnyRedis, Topology, node_for
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import AnyRedis, Topology, node_for
 from rig_conductor.domain import AssignmentState, EntryId, StreamKey
 from rig_conductor.policy import redis_loss
 from rig_conductor.reaper import redispatch

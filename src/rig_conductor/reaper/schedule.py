@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import history, listening, move_targets, queries
 from rig_conductor.adapters.postgres import pods as pods_seen
-from rig_conductor.adapters.redis_client import Topology
+from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import coalesce, cycle, leader, observe, podwatch

@@ -10,8 +10,8 @@ from kubernetes import client
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import intake, queries
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, GroupName, PodState, StreamKey
 from rig_conductor.policy.hygiene import ConsumerRemoval
 from rig_conductor.reaper.cleanup import delete_consumers, remove_consumers

@@ -10,8 +10,8 @@ from fastapi import Body, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rig_conductor import roles
-from rig_conductor.adapters import redis_streams
 from rig_conductor.adapters.postgres import intake, work
+from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime
 from rig_conductor.domain import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from redis.exceptions import ResponseError
 
-from rig_conductor.adapters.redis_client import AnyRedis
+from rig_conductor.adapters.redis.client import AnyRedis, raise_moved
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, StreamKey
 
 # An event of the previous release names no group: the groups searched for its holder, at most
@@ -112,6 +112,7 @@ async def look(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> Ent
         pipe.xrange(stream, min=entry_id, max=entry_id, count=1)
         pipe.xinfo_groups(stream)
         found, groups = await pipe.execute(raise_on_error=False)
+    raise_moved((found, groups))  # not "no such key": the question went to the wrong server
     if isinstance(found, ResponseError):
         if "WRONGTYPE" in str(found):
             return EntryLook(None, ())
@@ -128,6 +129,7 @@ async def look(client: AnyRedis, *, stream: StreamKey, entry_id: EntryId) -> Ent
         for name, _ in named:
             pipe.xpending_range(stream, name, min=entry_id, max=entry_id, count=1)
         replies = await pipe.execute(raise_on_error=False) if named else []
+    raise_moved(replies)  # not "nobody holds it"
     holds: list[GroupHold] = []
     for (name, last), reply in zip(named, replies, strict=True):
         row = reply[0] if isinstance(reply, list) and reply else None

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
+from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,8 @@ async def read_pages(
 ) -> dict[ConsumerName, Page]:
     """The next page of each owner's pending list, in one round trip (XPENDING ... IDLE).
 
-    An owner whose page Redis refused (the group or stream is gone) is logged and left out.
+    An owner whose page Redis refused (the group or stream is gone) is logged and left out; a
+    slot that moved is raised (`redis_client.raise_moved`), for the caller's retry.
     """
     async with _raw_pipeline(client) as pipe:
         for owner, request in pages.items():
@@ -55,6 +57,7 @@ async def read_pages(
                 count, owner,
             )  # fmt: skip
         replies = await pipe.execute(raise_on_error=False)
+    redis_client.raise_moved(replies)
     read: dict[ConsumerName, Page] = {}
     for owner, reply in zip(pages, replies, strict=True):
         if isinstance(reply, ResponseError):
@@ -88,7 +91,9 @@ async def claim(
 
     The min-idle guard makes each move atomic: an entry acked, re-read or claimed by someone
     else since it was seen is not idle enough and stays. XCLAIM JUSTID does not raise the
-    delivery count. On Redis 7 an entry trimmed from the stream is dropped, not moved.
+    delivery count. On Redis 7 an entry trimmed from the stream is dropped, not moved. A slot
+    that moved is raised (`redis_client.raise_moved`): nothing moved, and the caller's retry
+    claims where the stream lives now.
     """
     if not batches:
         return []
@@ -98,6 +103,7 @@ async def claim(
                 stream, group, batch.target, batch.min_idle_ms, list(batch.ids), justid=True
             )
         replies = await pipe.execute(raise_on_error=False)
+    redis_client.raise_moved(replies)
     moved: list[list[EntryId]] = []
     for batch, reply in zip(batches, replies, strict=True):
         if isinstance(reply, ResponseError):

@@ -14,10 +14,12 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
-from redis.exceptions import AskError, MovedError, ResponseError
+from redis.exceptions import ResponseError
 
-from rig_conductor.adapters import consumer_summary, redis_keys, redis_lag
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis import consumer_summary, lua
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis import lag as redis_lag
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered, raise_moved
 from rig_conductor.domain import (
     ConsumerInfo,
     ConsumerName,
@@ -32,84 +34,11 @@ logger = logging.getLogger(__name__)
 
 _GLOB_CHARS = frozenset("*?[")
 
-# The Lua both dead-letter scripts share: appends an entry's fields, less the diagnostics a
-# dead letter carries (_DIAGNOSTICS), to `fields`; returns its issueId, or false.
-_OWN_FIELDS_LUA = """
-local function own_fields(stored, fields)
-  local reserved = {originalId=true, stream=true, group=true,
-                    consumer=true, deliveries=true, reason=true}
-  local issue = false
-  for i = 1, #stored, 2 do
-    if not reserved[stored[i]] then
-      table.insert(fields, stored[i])
-      table.insert(fields, stored[i + 1])
-    end
-    if stored[i] == 'issueId' then issue = stored[i + 1] end
-  end
-  return issue
-end
-"""
 
-# Dead-letter one entry atomically, guarded like XCLAIM: only if it is still pending for the
-# same consumer and still at least as idle as the scan saw it. Copies the entry with its
-# diagnostics to the DLQ stream, then XACKs it on the source.
-# KEYS: stream, dlq. ARGV: group, consumer, id, min-idle, reason, deliveries known elsewhere
-# (the recorded attempts); the DLQ's `deliveries` is the larger count.
-_DEAD_LETTER_LUA = (
-    _OWN_FIELDS_LUA
-    + """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', ARGV[4],
-                           ARGV[3], ARGV[3], 1, ARGV[2])
-if #pending == 0 then return false end
-local deliveries = math.max(pending[1][4], tonumber(ARGV[6]))
-local fields = {'originalId', ARGV[3], 'stream', KEYS[1], 'group', ARGV[1],
-                'consumer', ARGV[2], 'deliveries', tostring(deliveries), 'reason', ARGV[5]}
-local found = redis.call('XRANGE', KEYS[1], ARGV[3], ARGV[3])
-local issue = false
-if #found == 1 then
-  issue = own_fields(found[1][2], fields)
-else
-  fields[12] = ARGV[5] .. '; entry no longer in the stream'
-end
-local dlq_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-return {dlq_id, deliveries, issue}
-"""
-)
-
-
-# Requeue one dead letter: append its original fields to its stream as a new entry and delete it
-# from the DLQ, atomically. KEYS: dlq, stream. ARGV: dlq id. Returns {new id, issueId} or nil.
-_REQUEUE_LUA = (
-    _OWN_FIELDS_LUA
-    + """
-local found = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #found == 0 then return false end
-local fields = {}
-local issue = own_fields(found[1][2], fields)
-if #fields == 0 then fields = {'requeuedFrom', ARGV[1]} end
-local new_id = redis.call('XADD', KEYS[2], '*', unpack(fields))
-redis.call('XDEL', KEYS[1], ARGV[1])
-return {new_id, issue}
-"""
-)
 _DIAGNOSTICS = ("originalId", "stream", "group", "consumer", "deliveries", "reason")
 # Options of a read whose reply is left as bytes, however the client decodes: what others wrote
 # into a stream need not be UTF-8, and a strict decode would fail the whole read.
 RAW: dict[str, Any] = {NEVER_DECODE: True}
-
-
-# Append an entry at most once per idempotency key, atomically: a repeat, however concurrent and
-# whatever crashed in between, gets the first entry's id and appends nothing.
-# KEYS: stream, the key's marker. ARGV: marker TTL in seconds, then field, value, ...
-# Returns {entry id, 1 if appended now else 0}.
-_APPEND_ONCE_LUA = """
-local existing = redis.call('GET', KEYS[2])
-if existing then return {existing, 0} end
-local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
-redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[1]))
-return {id, 1}
-"""
 
 
 async def append_once(
@@ -121,7 +50,7 @@ async def append_once(
     remember_s: int,
 ) -> tuple[EntryId, bool]:
     """XADD `fields` unless `key` was appended within `remember_s`; (entry id, appended now)."""
-    script = client.register_script(_APPEND_ONCE_LUA)
+    script = client.register_script(lua.APPEND_ONCE)
     marker = redis_keys.dispatched_key(stream, key, clustered=is_clustered(client))
     entry_id, appended = await script(keys=[stream, marker], args=_append_args(fields, remember_s))
     return EntryId(str(entry_id)), bool(appended)
@@ -143,7 +72,7 @@ async def append_once_replicated(
     `client` talks to the server that holds the stream (on a cluster: its node's client), as
     WAIT counts the replication of the writes of its own connection only.
     """
-    script = client.register_script(_APPEND_ONCE_LUA)
+    script = client.register_script(lua.APPEND_ONCE)
     marker = redis_keys.dispatched_key(stream, key, clustered=is_clustered(client))
     async with client.pipeline(transaction=False) as pipe:
         await script(keys=[stream, marker], args=_append_args(fields, remember_s), client=pipe)
@@ -167,16 +96,6 @@ async def dispatch_markers(
     return [EntryId(str(reply)) if reply is not None else None for reply in replies]
 
 
-# Set the stream's epoch marker unless one is there; either way answer the one that is.
-# KEYS: the marker. ARGV: a new epoch. Returns {epoch, 1 if set now else 0}.
-_CLAIM_EPOCH_LUA = """
-local existing = redis.call('GET', KEYS[1])
-if existing then return {existing, 0} end
-redis.call('SET', KEYS[1], ARGV[1])
-return {ARGV[1], 1}
-"""
-
-
 async def read_epoch(client: AnyRedis, *, stream: StreamKey) -> str | None:
     """The epoch marker beside `stream`; None when Redis has none."""
     found = await client.get(redis_keys.epoch_key(stream, clustered=is_clustered(client)))
@@ -187,7 +106,7 @@ async def claim_epoch(client: AnyRedis, *, stream: StreamKey, epoch: str) -> tup
     """Set `epoch` beside `stream` unless a marker is there (no expiry: it must outlive every
     dispatch); (the marker now there, set now). Two conductors that both found it missing
     agree on the first one set."""
-    script = client.register_script(_CLAIM_EPOCH_LUA)
+    script = client.register_script(lua.CLAIM_EPOCH)
     key = redis_keys.epoch_key(stream, clustered=is_clustered(client))
     found, claimed = await script(keys=[key], args=[epoch])
     return str(found), bool(claimed)
@@ -200,16 +119,6 @@ def _append_args(fields: Mapping[str, str], remember_s: int) -> list[str | int]:
     return args
 
 
-# Delete a consumer only if it still has no pending entry, checked in the same atomic step.
-# XPENDING <stream> <group> - + 1 <consumer> exists on Redis 6.2 and 7.x alike.
-# KEYS: stream. ARGV: group, consumer. Returns -1 when refused, else DELCONSUMER's reply.
-_DELETE_EMPTY_CONSUMER_LUA = """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
-if #pending > 0 then return -1 end
-return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
-"""
-
-
 async def delete_empty_consumers(
     client: Redis, *, consumers: Sequence[tuple[StreamKey, GroupName, ConsumerName]]
 ) -> list[str | None]:
@@ -220,13 +129,15 @@ async def delete_empty_consumers(
     """
     if not consumers:
         return []
-    script = client.register_script(_DELETE_EMPTY_CONSUMER_LUA)
+    script = client.register_script(lua.DELETE_EMPTY_CONSUMER)
     async with client.pipeline(transaction=False) as pipe:
         for stream, group, consumer in consumers:
             await script(keys=[stream], args=[group, consumer], client=pipe)
         replies = await pipe.execute(raise_on_error=False)
     outcomes: list[str | None] = []
     for reply in replies:
+        # A MOVED is reported like a refusal, not raised (`raise_moved`): hygiene has no retry,
+        # the consumer stays, and the next scan reads its group where it lives now.
         if isinstance(reply, ResponseError):
             outcomes.append(str(reply))
         elif int(reply) < 0:
@@ -320,13 +231,13 @@ async def describe_groups(
                 pipe.xinfo_consumers(stream, group)
             if pending:
                 pipe.xpending_range(stream, group, min="-", max="+", count=1)
-        replies = iter(await pipe.execute(raise_on_error=False))
+        replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)  # a cluster slot moved since the map was read: the caller retries
+    answers = iter(replies)
     described: list[GroupInfo] = []
     for n, (stream, group, pending, lag) in enumerate(groups):
-        reply = summaries[n] if others is not None else next(replies)
-        oldest = next(replies) if pending else []
-        if isinstance(reply, MovedError | AskError):
-            raise reply
+        reply = summaries[n] if others is not None else next(answers)
+        oldest = next(answers) if pending else []
         if isinstance(reply, Exception):
             logger.info("Group %s of stream %s skipped: %s", group, stream, reply)
             continue
@@ -343,10 +254,9 @@ async def _groups_of(
         for stream in streams:
             pipe.xinfo_groups(stream)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)  # a cluster slot moved since the map was read: the caller retries
     groups: list[tuple[StreamKey, GroupName, int, Mapping[str, Any]]] = []
     for stream, reply in zip(streams, replies, strict=True):
-        if isinstance(reply, MovedError | AskError):
-            raise reply  # a cluster slot moved since the map was read: the caller retries
         if isinstance(reply, Exception):
             logger.info("Stream %s skipped: %s", stream, reply)
             continue
@@ -411,7 +321,7 @@ async def dead_letter(
     entries = list(entries)
     if not entries:
         return []
-    script = client.register_script(_DEAD_LETTER_LUA)
+    script = client.register_script(lua.DEAD_LETTER)
     keys = [stream, dlq_key(stream, client)]
     calls: list[list[str | int]] = [
         [group, entry.consumer, entry.id, entry.idle_ms, reason, entry.deliveries]
@@ -486,7 +396,7 @@ async def requeue_many(
     id, its issueId) or None when there was no such letter."""
     if not dlq_ids:
         return []
-    script = client.register_script(_REQUEUE_LUA)
+    script = client.register_script(lua.REQUEUE)
     keys = [dlq_key(stream, client), stream]
     if isinstance(client, RedisCluster):
         # The cluster client runs no scripts inside pipelines: one call each, on the stream's node.

@@ -12,30 +12,21 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from rig_conductor.adapters.redis import lua
+from rig_conductor.adapters.redis.client import raise_moved
 from rig_conductor.domain import StreamKey
 
 # Entries a group has not been delivered yet, counted where Redis does not say (6.2, or 7
 # after deletions): at most this many, a thousand per XRANGE, inside Redis.
 LAG_COUNT_CAP = 100_000
-# KEYS: stream. ARGV: the group's last-delivered id, the cap.
-_LAG_LUA = """
-local n, cap = 0, tonumber(ARGV[2])
-local start = '(' .. ARGV[1]
-while n < cap do
-  local batch = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1000)
-  if #batch == 0 then break end
-  n = n + #batch
-  start = '(' .. batch[#batch][1]
-end
-return n
-"""
 
 
 async def group_lags(
     client: Redis, groups: Sequence[tuple[StreamKey, Mapping[str, Any]]]
 ) -> list[int | None]:
     """Each group's lag (entries not yet delivered to it): XINFO GROUPS' own `lag` on Redis 7,
-    else counted (up to `LAG_COUNT_CAP`); None where it cannot be had."""
+    else counted (up to `LAG_COUNT_CAP`); None where it cannot be had. A slot that moved is
+    raised (`raise_moved`), for the caller's retry."""
     lags: list[int | None] = []
     counting: list[tuple[int, StreamKey, str]] = []
     for n, (stream, info) in enumerate(groups):
@@ -45,11 +36,12 @@ async def group_lags(
             counting.append((n, stream, str(info["last-delivered-id"])))
     if not counting:
         return lags
-    script = client.register_script(_LAG_LUA)
+    script = client.register_script(lua.GROUP_LAG)
     async with client.pipeline(transaction=False) as pipe:
         for _, stream, last in counting:
             await script(keys=[stream], args=[last, LAG_COUNT_CAP], client=pipe)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)
     for (n, _, _), reply in zip(counting, replies, strict=True):
         lags[n] = None if isinstance(reply, Exception) else int(reply)
     return lags

@@ -5,8 +5,9 @@ standalone server or the master a set of sentinels names (it follows failovers b
 `RedisCluster` for a cluster (it follows MOVED and ASK). `connect_sync` gives the same for the
 audit's driver. `Topology` is what the reaper scans: the one server, or each primary of a
 cluster through a plain client of its own, so that the existing scripts and pipelines run
-unchanged where the keys live. Those plain clients do not follow MOVED and ASK: `retry_moved`
-and `on_owner` are where that is decided (re-read the slot map, try once more).
+unchanged where the keys live. Those plain clients do not follow MOVED and ASK: `raise_moved`
+turns such a reply among a pipeline's into the error it is, and `retry_moved` and `on_owner` are
+where that is decided (re-read the slot map, try once more).
 
 Every client retries connection blips with jittered exponential backoff, and speaks TLS with
 the configured CA and client certificate for `rediss://` URLs.
@@ -15,7 +16,7 @@ the configured CA and client certificate for `rediss://` URLs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
@@ -297,6 +298,18 @@ async def node_for(topology: Topology, key: str) -> Node:
         if node.name == owner:
             return node
     raise LookupError(f"no primary named {owner} holds {key}")
+
+
+def raise_moved(replies: Iterable[object]) -> None:
+    """Raise the first MOVED or ASK among `replies` (a pipeline's, read with
+    `raise_on_error=False`): the slot of a key they named moved since the slot map was read, and
+    the caller's `retry_moved` or `on_owner` re-reads the map and tries once more where the keys
+    live now. Every other error reply stays the caller's to judge: it says something about the
+    key (no such group, not a stream), while a MOVED says only that the question went to the
+    wrong server, so reading it as "skipped" or "failed" would drop the work the retry does."""
+    for reply in replies:
+        if isinstance(reply, SLOT_MOVED):
+            raise reply
 
 
 async def retry_moved(

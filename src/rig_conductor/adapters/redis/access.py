@@ -22,8 +22,8 @@ from redis.exceptions import (
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from rig_conductor.adapters import redis_keys
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered
 
 Role = Literal["conductor", "agent"]
 

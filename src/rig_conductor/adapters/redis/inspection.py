@@ -15,9 +15,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters import redis_keys
-from rig_conductor.adapters.redis_client import AnyRedis, is_clustered
-from rig_conductor.adapters.redis_streams import (
+from rig_conductor.adapters.redis import keys as redis_keys
+from rig_conductor.adapters.redis.client import AnyRedis, is_clustered, raise_moved
+from rig_conductor.adapters.redis.streams import (
     RAW,
     DeadLetter,
     dead_letter_of,
@@ -115,6 +115,7 @@ async def entry_fields(
         for entry_id in ids:
             pipe.xrange(stream, min=entry_id, max=entry_id, count=1)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)  # not "the entry is gone"
     found: dict[str, dict[str, str]] = {}
     for entry_id, reply in zip(ids, replies, strict=True):
         if isinstance(reply, list) and reply:

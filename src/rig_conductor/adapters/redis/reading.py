@@ -16,8 +16,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rig_conductor.adapters import redis_streams
-from rig_conductor.adapters.redis_client import (
+from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis.client import (
     SLOT_MOVED,
     Node,
     Topology,

@@ -15,37 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import AskError, MovedError
 
+from rig_conductor.adapters.redis import lua
+from rig_conductor.adapters.redis.client import raise_moved
 from rig_conductor.domain import ConsumerInfo, ConsumerName, GroupName, StreamKey
-
-# Reply: the number of consumers, then name, pending, idle and inactive (-1: not reported, Redis
-# before 7.2, or never read) of each consumer holding entries and of the first ARGV[2] others.
-_SUMMARY_LUA = """
-local rows = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
-local others = tonumber(ARGV[2])
-local out = {#rows}
-for _, row in ipairs(rows) do
-  local name, pending, idle, inactive
-  if row[1] == 'name' and row[3] == 'pending' and row[5] == 'idle' then
-    name, pending, idle = row[2], row[4], row[6]  -- Redis's order: no table per row
-    if row[7] == 'inactive' then inactive = row[8] end
-  else
-    local f = {}
-    for j = 1, #row, 2 do f[row[j]] = row[j + 1] end
-    name, pending, idle, inactive = f['name'], f['pending'], f['idle'], f['inactive']
-  end
-  local holds = pending > 0
-  if holds or others > 0 then
-    if not holds then others = others - 1 end
-    out[#out + 1] = name
-    out[#out + 1] = pending
-    out[#out + 1] = idle
-    out[#out + 1] = inactive or -1
-  end
-end
-return out
-"""
 
 
 async def summaries(
@@ -55,15 +28,14 @@ async def summaries(
     the error Redis answered for it (a slot that moved is raised: the caller retries)."""
     if not groups:
         return []
-    script = client.register_script(_SUMMARY_LUA)
+    script = client.register_script(lua.CONSUMER_SUMMARY)
     async with client.pipeline(transaction=False) as pipe:
         for stream, group in groups:
             await script(keys=[stream], args=[group, others], client=pipe)
         replies = await pipe.execute(raise_on_error=False)
+    raise_moved(replies)
     found: list[tuple[int, tuple[ConsumerInfo, ...]] | Exception] = []
     for reply in replies:
-        if isinstance(reply, MovedError | AskError):
-            raise reply
         found.append(reply if isinstance(reply, Exception) else _decode(reply))
     return found
 
