@@ -56,6 +56,9 @@ class ScanReport(_Report):
     consumers_without_heartbeat: int = 0
     # Cluster nodes this scan could not read or act on (left for the next scan).
     nodes_failed: list[str] = Field(default_factory=list)
+    # The groups' lag summed: entries no consumer of their group has read yet (Redis 7's `lag`,
+    # computed on 6.2); None when no group's lag could be told.
+    lag: int | None = None
     # Dispatches Redis had lost (a failover, a restart), appended again (`reaper.redispatch`).
     redispatched: int = 0
     # Blind time inside the window that decided who is down (rule 3, docs/rules.md): silent agents

@@ -143,6 +143,8 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
         "() => { const s = document.getElementById('plot').uplot.scales.x; return [s.min, s.max]; }"
     )
     assert 0 < high - low <= 3_600
+    # The last hour's work: completions per 5 minutes and the groups' lag, drawn too.
+    await expect(page.locator("#work-plot canvas")).to_have_count(1)
     await page.screenshot(path=screenshots / "overview.png", full_page=True)
 
     # Group: the victim is plainly down, with its pending count.
@@ -198,6 +200,10 @@ async def test_operator_sees_the_killed_agent_and_fixes_it_from_the_browser(
     manual = page.locator("#reclaims tbody tr", has_text="manual")
     await expect(manual).to_have_count(1)
     await expect(manual).to_contain_text("by operator:")
+    # Each moved entry leads to its story.
+    await manual.locator("a").first.click()
+    await expect(page).to_have_url(re.compile(r"/ui/work\?q="))
+    await expect(page.locator("main")).to_contain_text("manual")
     await page.click("header nav >> text=Overview")
     # The dry run that measured what the operator saw first, the preview and the scan.
     await expect(page.locator("#scans tbody tr")).to_have_count(3)

@@ -413,7 +413,7 @@ async def test_reclaim_history_filters_by_stream_agent_reason_and_time(
     async def shown(**query: str) -> list[str]:
         page = await console.get("/ui/reclaims", params=query)
         assert page.status_code == 200
-        return re.findall(r'<td class="mono">(\d+-\d+)', page.text)
+        return re.findall(r'<td class="mono"><a [^>]*>(\d+-\d+)</a>', page.text)
 
     assert await shown() == ["4-1", "3-1", "2-1", "1-1"]  # newest id first
     assert await shown(stream="rig:dispatch") == ["2-1", "1-1"]

@@ -39,6 +39,7 @@ async def overview(request: Request, you: SessionDep) -> HTMLResponse:
         "reclaimed": [s.reclaimed for s in real],
         "deadLettered": [s.dead_lettered for s in real],
     }
+    work = {"t": seen.work.t, "finished": seen.work.finished, "lag": seen.work.lag}
     return web.page(
         request,
         "overview.html",
@@ -46,6 +47,8 @@ async def overview(request: Request, you: SessionDep) -> HTMLResponse:
         seen=seen,
         scans=seen.scans[:10],
         series=json.dumps(series),
+        work_series=json.dumps(work),
+        work_finished=sum(seen.work.finished),
     )
 
 

@@ -24,6 +24,31 @@ logger = logging.getLogger(__name__)
 STREAMS_PAGE = 100  # streams per page of GET /api/streams unless asked otherwise
 ATTENTION_ROWS = 50  # the overview's groups: the most consumers down, then the most pending
 STALE_FLOOR_S = 10.0
+WORK_WINDOW_S, WORK_BUCKET_S = 3600, 300  # the overview's work plot: the last hour, by 5 minutes
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSeries:
+    """The last hour by 5-minute buckets (each bucket's start, epoch seconds): the completions
+    accepted in it (throughput), and the lag of every group summed (entries no consumer of its
+    group has read yet) as the bucket's last scan measured it (None: no scan measured it)."""
+
+    t: list[int]
+    finished: list[int]
+    lag: list[int | None]
+
+
+def work_series(
+    finished: dict[int, int], scans: list[history.ScanRow], now: datetime
+) -> WorkSeries:
+    newest = int(now.timestamp()) // WORK_BUCKET_S * WORK_BUCKET_S
+    starts = [newest - WORK_BUCKET_S * n for n in range(WORK_WINDOW_S // WORK_BUCKET_S - 1, -1, -1)]
+    lag: dict[int, int] = {}
+    for scan in reversed(scans):  # oldest first: the bucket keeps its last scan's figure
+        measured = scan.report.get("lag")
+        if not scan.dry_run and isinstance(measured, int):
+            lag[int(scan.finished_at.timestamp()) // WORK_BUCKET_S * WORK_BUCKET_S] = measured
+    return WorkSeries(starts, [finished.get(t, 0) for t in starts], [lag.get(t) for t in starts])
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +59,7 @@ class Overview:
     agents: FleetMeasure
     scans: list[history.ScanRow]
     nodes_failed: list[str]  # Redis nodes the last scan could not read
+    work: WorkSeries
 
     @property
     def as_of(self) -> datetime | None:
@@ -98,6 +124,9 @@ async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
     recent = await history.recent_scans(rt.engine, tenant=tenant, limit=scans)
     failed = recent[0].report.get("nodesFailed") or [] if recent else []
     totals = await measurements.totals(rt.engine, tenant=tenant)
+    finished = await history.finished_per_bucket(
+        rt.engine, tenant=tenant, window_s=WORK_WINDOW_S, bucket_s=WORK_BUCKET_S
+    )
     return Overview(
         now=now,
         totals=totals,
@@ -105,4 +134,5 @@ async def overview(rt: Runtime, *, scans: int = 60) -> Overview:
         agents=fleet[0] if fleet is not None else FleetMeasure(0, 0, 0),
         scans=recent,
         nodes_failed=[str(node) for node in failed],
+        work=work_series(finished, recent, now),
     )

@@ -221,6 +221,8 @@ class _Scan:
         for n, group in enumerate(node_reading.groups):
             report.groups += 1
             report.pending += group.pending
+            if group.lag is not None:
+                report.lag = (report.lag or 0) + group.lag
             # Plan.
             assessment = self._assess(group)
             if assessment.rules or assessment.left_degraded:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import events, scan_reports
@@ -84,6 +84,35 @@ async def recent_scans(engine: AsyncEngine, *, tenant: str, limit: int) -> list[
     )
     async with engine.connect() as conn:
         return [ScanRow(*row) for row in await conn.execute(query)]
+
+
+# Completions accepted per bucket of the window, by the bucket's start (epoch seconds). A
+# completion carried over to an entry appended again after Redis lost its data ran no handler.
+_FINISHED = text(
+    """
+    SELECT CAST(floor(extract(epoch FROM occurred_at) / :bucket_s) * :bucket_s AS bigint),
+           count(*)
+      FROM events
+     WHERE tenant = :tenant AND kind = :kind AND NOT fenced
+       AND occurred_at > now() - make_interval(secs => :window_s)
+       AND NOT (detail ? 'carriedFrom')
+     GROUP BY 1
+    """
+)
+
+
+async def finished_per_bucket(
+    engine: AsyncEngine, *, tenant: str, window_s: int, bucket_s: int
+) -> dict[int, int]:
+    """Bucket start (epoch seconds) -> completions accepted in it, over the last `window_s`."""
+    params = {
+        "tenant": tenant,
+        "kind": EventKind.WORK_COMPLETED,
+        "window_s": window_s,
+        "bucket_s": bucket_s,
+    }
+    async with engine.connect() as conn:
+        return {int(t): int(n) for t, n in await conn.execute(_FINISHED, params)}
 
 
 async def forget_scans(engine: AsyncEngine, *, older_than_days: int) -> int:

@@ -4,7 +4,8 @@
 // - the live part of a page (#live, data-refresh="<seconds>") is fetched again on that period
 //   through htmx, only while the tab is visible, and not while the operator has rows selected
 //   or is typing in it;
-// - the pending/reclaims plot (uPlot), redrawn when htmx swaps in fresh numbers;
+// - the plots (uPlot): pending and reclaims per scan, and the last hour's work (completions
+//   per 5 minutes, the groups' lag), redrawn when htmx swaps in fresh numbers;
 // - data-ready on <body> once the page is drawn and htmx has settled what it fetched: taken off
 //   while a live part is being fetched, its value the number of times the page has settled
 //   (whoever waits on the page, the browser tests among them, waits for this, not for a time).
@@ -36,58 +37,71 @@
     }
   });
 
-  var plot = null;
-
-  function series() {
-    var node = document.querySelector("script.series");
-    if (!node) return null;
-    var data = JSON.parse(node.textContent);
-    return [data.t, data.pending, data.reclaimed, data.deadLettered];
-  }
-
   var MIN_SPAN_S = 60;
 
-  function draw() {
-    var target = document.getElementById("plot");
-    var data = series();
-    if (!target || !data || typeof uPlot === "undefined") return;
-    if (plot) {
-      plot.setData(data);
-      return;
-    }
-    var width = Math.max(320, target.clientWidth || 800);
-    plot = new uPlot({
-      width: width,
-      height: 220,
+  // The plots: where, the JSON they read (a <script> of that class in the live part), and the
+  // series drawn from it. Each is made once and given fresh data when htmx swaps the numbers.
+  var PLOTS = [
+    {
+      id: "plot",
+      source: "script.series",
+      data: function (d) { return [d.t, d.pending, d.reclaimed, d.deadLettered]; },
       series: [
-        {},
         { label: "pending", stroke: "#2563eb", width: 2 },
         { label: "reclaimed", stroke: "#16a34a", width: 2 },
         { label: "dead-lettered", stroke: "#dc2626", width: 2 }
-      ],
-      scales: {
-        // uPlot spreads a lone point (or two close ones) over years: show at least the last
-        // minute up to the newest point instead, the points a little in from the edges, and
-        // counts from zero.
-        x: {
-          time: true,
-          range: function (u, min, max) {
-            var span = Math.max(max - min, MIN_SPAN_S);
-            var pad = span / 20;
-            return [max - span - pad, max + pad];
+      ]
+    },
+    {
+      id: "work-plot",
+      source: "script.work-series",
+      data: function (d) { return [d.t, d.finished, d.lag]; },
+      series: [
+        { label: "completed per 5 min", stroke: "#16a34a", width: 2 },
+        { label: "lag (unread entries)", stroke: "#9333ea", width: 2, spanGaps: true }
+      ]
+    }
+  ];
+
+  function draw() {
+    if (typeof uPlot === "undefined") return;
+    PLOTS.forEach(function (spec) {
+      var target = document.getElementById(spec.id);
+      var node = document.querySelector(spec.source);
+      if (!target || !node) return;
+      var data = spec.data(JSON.parse(node.textContent));
+      if (target.uplot) {
+        target.uplot.setData(data);
+        return;
+      }
+      var made = new uPlot({
+        width: Math.max(320, target.clientWidth || 800),
+        height: 220,
+        series: [{}].concat(spec.series),
+        scales: {
+          // uPlot spreads a lone point (or two close ones) over years: show at least the last
+          // minute up to the newest point instead, the points a little in from the edges, and
+          // counts from zero.
+          x: {
+            time: true,
+            range: function (u, min, max) {
+              var span = Math.max(max - min, MIN_SPAN_S);
+              var pad = span / 20;
+              return [max - span - pad, max + pad];
+            }
+          },
+          y: {
+            range: function (u, min, max) {
+              return [0, Math.max(1, Math.ceil((max || 0) * 1.1))];
+            }
           }
         },
-        y: {
-          range: function (u, min, max) {
-            return [0, Math.max(1, Math.ceil((max || 0) * 1.1))];
-          }
-        }
-      },
-      axes: [{}, { size: 60 }]
-    }, data, target);
-    target.uplot = plot; // the scales, for whoever inspects the page (the browser tests do)
-    window.addEventListener("resize", function () {
-      plot.setSize({ width: Math.max(320, target.clientWidth), height: 220 });
+        axes: [{}, { size: 60 }]
+      }, data, target);
+      target.uplot = made; // the scales, for whoever inspects the page (the browser tests do)
+      window.addEventListener("resize", function () {
+        made.setSize({ width: Math.max(320, target.clientWidth), height: 220 });
+      });
     });
   }
 
