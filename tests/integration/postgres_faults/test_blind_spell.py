@@ -69,8 +69,10 @@ async def test_an_outage_longer_than_the_down_time_takes_no_live_agents_work(
             await asyncio.sleep(1.0)  # the dead agent's last heartbeat, 1 s before the outage
             private_pg.stop()
             await asyncio.sleep(8.0)
-            private_pg.start()
+            # The spell ends once PostgreSQL answers again, which is no sooner than its start
+            # begins (`start()` returns later still, the later the more loaded the machine).
             recovered = time.monotonic()
+            private_pg.start()
             assert (await client.post("/api/events", json=spare)).status_code in (202, 503)
 
             async def spell_seen() -> bool:
