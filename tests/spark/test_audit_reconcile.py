@@ -26,6 +26,7 @@ from rig_conductor.audit import (  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.audit import reconcile as rc  # noqa: E402
 from rig_conductor.audit import session as audit_session  # noqa: E402
+from rig_conductor.audit import vocabulary as vocab  # noqa: E402
 from tests.audit_conftest import spark_fixture  # noqa: E402, F401
 
 if TYPE_CHECKING:
@@ -83,7 +84,9 @@ class Log:
         return self
 
     def assign(self, entry: str, issue: str, *, stream: str = S) -> Log:
-        return self.add(rc.ISSUE_ASSIGNED, entry=entry, issue=issue, agent="dev-e", stream=stream)
+        return self.add(
+            vocab.ISSUE_ASSIGNED, entry=entry, issue=issue, agent="dev-e", stream=stream
+        )
 
     def work(
         self,
@@ -108,14 +111,14 @@ class Log:
         )
 
     def frame(self, spark: SparkSession) -> DataFrame:
-        return spark.createDataFrame(self.rows, rc.EVENTS_SCHEMA)
+        return spark.createDataFrame(self.rows, vocab.EVENTS_SCHEMA)
 
 
 def pending_frame(spark: SparkSession, *rows: tuple[str, str, str]) -> DataFrame:
     """(stream, entry_id, state): state `pel` (held by c-0 in group g) or `undelivered`."""
     return spark.createDataFrame(
-        [(s, e, "g", "c-0" if state == rc.IN_PEL else None, state) for s, e, state in rows],
-        rc.PENDING_SCHEMA,
+        [(s, e, "g", "c-0" if state == vocab.IN_PEL else None, state) for s, e, state in rows],
+        vocab.PENDING_SCHEMA,
     )
 
 
@@ -123,7 +126,7 @@ def dlq_frame(spark: SparkSession, *rows: tuple[str, str, str, str | None]) -> D
     """(stream, dlq_id, original_id, issue_id)."""
     return spark.createDataFrame(
         [(s, d, o, "g", "c-0", 5, "max-deliveries", i) for s, d, o, i in rows],
-        rc.DEAD_LETTER_QUEUE_SCHEMA,
+        vocab.DEAD_LETTER_QUEUE_SCHEMA,
     )
 
 
@@ -140,9 +143,9 @@ def test_dispatched_entries_come_from_assignments_and_requeues(spark: SparkSessi
         Log()
         .assign("1-0", "rc-1")
         .assign("1-0", "rc-1")  # the same entry logged twice counts once
-        .add(rc.HEARTBEAT, agent="dev-e", stream=None)
-        .work(rc.WORK_STARTED, "7-0", "dev-e-0", 1)  # a report alone dispatches nothing
-        .add(rc.DEAD_LETTER_REQUEUED, entry="9-0", issue="rc-1", detail={"dlqId": "5-0"})
+        .add(vocab.HEARTBEAT, agent="dev-e", stream=None)
+        .work(vocab.WORK_STARTED, "7-0", "dev-e-0", 1)  # a report alone dispatches nothing
+        .add(vocab.DEAD_LETTER_REQUEUED, entry="9-0", issue="rc-1", detail={"dlqId": "5-0"})
     )
     rows = {r["entry_id"]: r for r in facts(log.frame(spark)).collect()}
     assert sorted(rows) == ["1-0", "9-0"]
@@ -159,14 +162,14 @@ def test_a_dispatch_appended_again_replaces_the_entry_redis_lost(spark: SparkSes
         Log()
         .assign("1-0", "rc-1")
         .assign("2-0", "rc-2")
-        .add(rc.ISSUE_ASSIGNED, entry="8-0", issue="rc-1", agent="dev-e",
+        .add(vocab.ISSUE_ASSIGNED, entry="8-0", issue="rc-1", agent="dev-e",
              detail={"idempotencyKey": "rc-1", "replaces": "1-0"})
         # Redis lost 3-0 after it was started: replaced too, its holder's reports aside
-        .assign("3-0", "rc-3").work(rc.WORK_STARTED, "3-0", "dev-e-0", 1)
-        .add(rc.ISSUE_ASSIGNED, entry="9-0", issue="rc-3", agent="dev-e",
+        .assign("3-0", "rc-3").work(vocab.WORK_STARTED, "3-0", "dev-e-0", 1)
+        .add(vocab.ISSUE_ASSIGNED, entry="9-0", issue="rc-3", agent="dev-e",
              detail={"idempotencyKey": "rc-3", "replaces": "3-0"})
-        .work(rc.WORK_COMPLETED, "3-0", "dev-e-0", 1, fenced=True, issue="rc-3")
-        .work(rc.WORK_STARTED, "9-0", "qa-e-0", 1).work(rc.WORK_COMPLETED, "9-0", "qa-e-0", 1)
+        .work(vocab.WORK_COMPLETED, "3-0", "dev-e-0", 1, fenced=True, issue="rc-3")
+        .work(vocab.WORK_STARTED, "9-0", "qa-e-0", 1).work(vocab.WORK_COMPLETED, "9-0", "qa-e-0", 1)
     )  # fmt: skip
     rows = {r["entry_id"]: r for r in facts(log.frame(spark)).collect()}
     assert {e: r["issue_id"] for e, r in rows.items()} == {
@@ -178,8 +181,8 @@ def test_a_dispatch_appended_again_replaces_the_entry_redis_lost(spark: SparkSes
 
 
 def test_reports_take_the_issue_of_their_dispatch_when_they_name_none(spark: SparkSession) -> None:
-    log = Log().assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
-    log.add(rc.WORK_COMPLETED, entry="1-0", agent="dev-e", issue="rc-own", attempt=1)
+    log = Log().assign("1-0", "rc-1").work(vocab.WORK_STARTED, "1-0", "dev-e-0", 1)
+    log.add(vocab.WORK_COMPLETED, entry="1-0", agent="dev-e", issue="rc-own", attempt=1)
     events = log.frame(spark)
     reports = rc.work_reports(events, facts(events)).orderBy("id").collect()
     assert [(r["issue_id"], r["worker"]) for r in reports] == [
@@ -196,39 +199,39 @@ def test_reports_take_the_issue_of_their_dispatch_when_they_name_none(spark: Spa
 def status_world() -> tuple[Log, list[tuple[str, str, str]], list[tuple[str, str, str, str]]]:
     log = Log()
     # completion: accepted (1-0) and fenced only (2-0)
-    log.assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
-    log.work(rc.WORK_COMPLETED, "1-0", "dev-e-0", 1)
-    log.assign("2-0", "rc-2").work(rc.WORK_STARTED, "2-0", "dev-e-0", 1)
-    log.work(rc.WORK_COMPLETED, "2-0", "dev-e-0", 1, fenced=True)
+    log.assign("1-0", "rc-1").work(vocab.WORK_STARTED, "1-0", "dev-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "1-0", "dev-e-0", 1)
+    log.assign("2-0", "rc-2").work(vocab.WORK_STARTED, "2-0", "dev-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "2-0", "dev-e-0", 1, fenced=True)
     # dead letters: logged (3-0), only in the DLQ (4-0), a DLQ neighbour on another stream (5-0)
     log.assign("3-0", "rc-3").add(
-        rc.DEAD_LETTERED, entry="3-0", issue="rc-3", detail={"dlqId": "50-0"}
+        vocab.DEAD_LETTERED, entry="3-0", issue="rc-3", detail={"dlqId": "50-0"}
     )
     log.assign("4-0", "rc-4").assign("5-0", "rc-5")
     # pending: in a PEL after a failure (6-0), undelivered (7-0), neither (8-0)
-    log.assign("6-0", "rc-6").work(rc.WORK_STARTED, "6-0", "c-0", 1)
-    log.work(rc.WORK_FAILED, "6-0", "c-0", 1).assign("7-0", "rc-7").assign("8-0", "rc-8")
+    log.assign("6-0", "rc-6").work(vocab.WORK_STARTED, "6-0", "c-0", 1)
+    log.work(vocab.WORK_FAILED, "6-0", "c-0", 1).assign("7-0", "rc-7").assign("8-0", "rc-8")
     # precedence: completed + dead-lettered + pending (9-0), dead-lettered + pending (10-0)
-    log.assign("9-0", "rc-9").work(rc.WORK_COMPLETED, "9-0", "c-0", 1)
-    log.add(rc.DEAD_LETTERED, entry="9-0", detail={"dlqId": "51-0"})
-    log.assign("10-0", "rc-10").add(rc.DEAD_LETTERED, entry="10-0", detail={"dlqId": "52-0"})
+    log.assign("9-0", "rc-9").work(vocab.WORK_COMPLETED, "9-0", "c-0", 1)
+    log.add(vocab.DEAD_LETTERED, entry="9-0", detail={"dlqId": "51-0"})
+    log.assign("10-0", "rc-10").add(vocab.DEAD_LETTERED, entry="10-0", detail={"dlqId": "52-0"})
     # requeues: a runtime letter (11-0, no trace but the requeue to 31-0); a logged letter of
     # rc-12 (12-0) requeued to 32-0; another entry of rc-12, really lost (13-0)
     log.assign("11-0", "rc-11").assign("12-0", "rc-12")
-    log.add(rc.DEAD_LETTERED, entry="12-0", issue="rc-12", detail={"dlqId": "53-0"})
+    log.add(vocab.DEAD_LETTERED, entry="12-0", issue="rc-12", detail={"dlqId": "53-0"})
     log.assign("13-0", "rc-12")
-    log.add(rc.DEAD_LETTER_REQUEUED, entry="31-0", issue="rc-11", detail={"dlqId": "40-0"})
-    log.add(rc.DEAD_LETTER_REQUEUED, entry="32-0", issue="rc-12", detail={"dlqId": "53-0"})
+    log.add(vocab.DEAD_LETTER_REQUEUED, entry="31-0", issue="rc-11", detail={"dlqId": "40-0"})
+    log.add(vocab.DEAD_LETTER_REQUEUED, entry="32-0", issue="rc-12", detail={"dlqId": "53-0"})
     # another stream, and ids whose text order is not their stream order
-    log.assign("1-0", "rc-s2-1", stream=S2).work(rc.WORK_COMPLETED, "1-0", "c-0", 1, stream=S2)
+    log.assign("1-0", "rc-s2-1", stream=S2).work(vocab.WORK_COMPLETED, "1-0", "c-0", 1, stream=S2)
     log.assign("1-1", "rc-s2-2", stream=S2)
     log.assign("100-0", "rc-100").assign("99-5", "rc-99")
     pending = [
-        (S, "6-0", rc.IN_PEL),
-        (S, "7-0", rc.UNDELIVERED),
-        (S, "9-0", rc.IN_PEL),
-        (S, "10-0", rc.IN_PEL),
-        (S, "32-0", rc.UNDELIVERED),
+        (S, "6-0", vocab.IN_PEL),
+        (S, "7-0", vocab.UNDELIVERED),
+        (S, "9-0", vocab.IN_PEL),
+        (S, "10-0", vocab.IN_PEL),
+        (S, "32-0", vocab.UNDELIVERED),
     ]
     letters = [(S, "60-0", "4-0", "rc-4"), (S2, "61-0", "5-0", "rc-5")]
     return log, pending, letters
@@ -270,55 +273,55 @@ def world(spark: SparkSession, request: pytest.FixtureRequest) -> StatusWorld:
 
 
 def test_an_accepted_completion_completes_and_a_fenced_one_does_not(world: StatusWorld) -> None:
-    assert world["1-0"]["status"] == rc.COMPLETED
+    assert world["1-0"]["status"] == vocab.COMPLETED
     assert world["1-0"]["completed_by"] == ["dev-e-0"]
-    assert world["2-0"]["status"] == rc.LOST
+    assert world["2-0"]["status"] == vocab.LOST
     assert world["2-0"]["fenced_reports"] == 1
 
 
 def test_dead_letters_count_from_the_log_and_from_the_dlq(world: StatusWorld) -> None:
     assert (world["3-0"]["status"], world["3-0"]["dead_letter_sources"]) == (
-        rc.DEAD,
+        vocab.DEAD,
         ["event-log"],
     )
-    assert (world["4-0"]["status"], world["4-0"]["dead_letter_sources"]) == (rc.DEAD, ["dlq"])
+    assert (world["4-0"]["status"], world["4-0"]["dead_letter_sources"]) == (vocab.DEAD, ["dlq"])
     # A letter's time is its DLQ id's.
     assert world["4-0"]["dead_lettered_at"].astimezone(UTC) == datetime.fromtimestamp(0.06, UTC)
-    assert world["5-0"]["status"] == rc.LOST
+    assert world["5-0"]["status"] == vocab.LOST
 
 
 def test_pending_means_in_a_pel_or_not_yet_delivered(world: StatusWorld) -> None:
-    assert world["6-0"]["status"] == rc.PENDING
+    assert world["6-0"]["status"] == vocab.PENDING
     assert (world["6-0"]["pending_consumers"], world["6-0"]["last_report_kind"]) == (
         ["c-0"],
-        rc.WORK_FAILED,
+        vocab.WORK_FAILED,
     )
     assert (world["7-0"]["status"], world["7-0"]["pending_states"]) == (
-        rc.PENDING,
-        [rc.UNDELIVERED],
+        vocab.PENDING,
+        [vocab.UNDELIVERED],
     )
-    assert world["8-0"]["status"] == rc.LOST  # acked, trimmed or deleted without a completion
+    assert world["8-0"]["status"] == vocab.LOST  # acked, trimmed or deleted without a completion
 
 
 def test_completed_outranks_dead_lettered_and_dead_lettered_outranks_pending(
     world: StatusWorld,
 ) -> None:
-    assert world["9-0"]["status"] == rc.COMPLETED
-    assert world["10-0"]["status"] == rc.DEAD
+    assert world["9-0"]["status"] == vocab.COMPLETED
+    assert world["10-0"]["status"] == vocab.DEAD
 
 
 def test_a_requeued_runtime_letter_marks_its_original_dead_lettered(world: StatusWorld) -> None:
     assert (world["11-0"]["status"], world["11-0"]["dead_letter_sources"]) == (
-        rc.DEAD,
+        vocab.DEAD,
         ["requeue"],
     )
     # Finished when its letter was requeued: it no longer counts as outstanding after that.
     assert world["11-0"]["finished_at"] == world["11-0"]["dead_lettered_at"] is not None
     assert world["12-0"]["dead_letter_sources"] == ["event-log"]
-    assert world["13-0"]["status"] == rc.LOST  # the rc-12 requeue is explained by the log
+    assert world["13-0"]["status"] == vocab.LOST  # the rc-12 requeue is explained by the log
     # Requeued entries are dispatched entries of their own, never their own originals.
-    assert (world["31-0"]["origin"], world["31-0"]["status"]) == ("requeued", rc.LOST)
-    assert (world["32-0"]["origin"], world["32-0"]["status"]) == ("requeued", rc.PENDING)
+    assert (world["31-0"]["origin"], world["31-0"]["status"]) == ("requeued", vocab.LOST)
+    assert (world["32-0"]["origin"], world["32-0"]["status"]) == ("requeued", vocab.PENDING)
 
 
 def test_lost_lists_only_lost_entries_in_stream_order(world: StatusWorld) -> None:
@@ -385,45 +388,55 @@ def duplicate_world() -> Log:
     log = Log()
     # rc-a: dispatched twice, completed by two consumers
     log.assign("1-0", "rc-a").assign("2-0", "rc-a")
-    log.work(rc.WORK_COMPLETED, "1-0", "dev-e-0", 1).work(rc.WORK_COMPLETED, "2-0", "qa-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "1-0", "dev-e-0", 1).work(
+        vocab.WORK_COMPLETED, "2-0", "qa-e-0", 1
+    )
     # rc-b: a retried report from the same consumer
-    log.assign("3-0", "rc-b").work(rc.WORK_STARTED, "3-0", "dev-e-0", 1)
-    log.work(rc.WORK_COMPLETED, "3-0", "dev-e-0", 1).work(rc.WORK_COMPLETED, "3-0", "dev-e-0", 1)
+    log.assign("3-0", "rc-b").work(vocab.WORK_STARTED, "3-0", "dev-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "3-0", "dev-e-0", 1).work(
+        vocab.WORK_COMPLETED, "3-0", "dev-e-0", 1
+    )
     # rc-c: reclaimed from qa-e-0 (attempt 2 reserved): its completion is fenced before the new
     # attempt starts, so nothing ran twice, and a refused completion completes nothing
-    log.assign("4-0", "rc-c").work(rc.WORK_STARTED, "4-0", "qa-e-0", 1)
-    log.work(rc.WORK_COMPLETED, "4-0", "qa-e-0", 1, fenced=True)
-    log.work(rc.WORK_STARTED, "4-0", "dev-e-0", 2).work(rc.WORK_COMPLETED, "4-0", "dev-e-0", 2)
+    log.assign("4-0", "rc-c").work(vocab.WORK_STARTED, "4-0", "qa-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "4-0", "qa-e-0", 1, fenced=True)
+    log.work(vocab.WORK_STARTED, "4-0", "dev-e-0", 2).work(
+        vocab.WORK_COMPLETED, "4-0", "dev-e-0", 2
+    )
     # rc-d: the zombie's completion, refused, after the newer attempt started
-    log.assign("5-0", "rc-d").work(rc.WORK_STARTED, "5-0", "ops-e-0", 1)
-    log.work(rc.WORK_STARTED, "5-0", "dev-e-0", 2)
-    log.work(rc.WORK_COMPLETED, "5-0", "ops-e-0", 1, fenced=True)
-    log.work(rc.WORK_COMPLETED, "5-0", "dev-e-0", 2)
+    log.assign("5-0", "rc-d").work(vocab.WORK_STARTED, "5-0", "ops-e-0", 1)
+    log.work(vocab.WORK_STARTED, "5-0", "dev-e-0", 2)
+    log.work(vocab.WORK_COMPLETED, "5-0", "ops-e-0", 1, fenced=True)
+    log.work(vocab.WORK_COMPLETED, "5-0", "dev-e-0", 2)
     # rc-e: an accepted (unfenced) failure report of the older attempt, after the newer start
-    log.assign("6-0", "rc-e").work(rc.WORK_STARTED, "6-0", "ops-e-0", 1)
-    log.work(rc.WORK_STARTED, "6-0", "dev-e-0", 2).work(rc.WORK_FAILED, "6-0", "ops-e-0", 1)
+    log.assign("6-0", "rc-e").work(vocab.WORK_STARTED, "6-0", "ops-e-0", 1)
+    log.work(vocab.WORK_STARTED, "6-0", "dev-e-0", 2).work(vocab.WORK_FAILED, "6-0", "ops-e-0", 1)
     # rc-f: the older attempt finished before the newer one started
-    log.assign("7-0", "rc-f").work(rc.WORK_STARTED, "7-0", "dev-e-0", 1)
-    log.work(rc.WORK_FAILED, "7-0", "dev-e-0", 1)
-    log.work(rc.WORK_STARTED, "7-0", "dev-e-0", 2).work(rc.WORK_COMPLETED, "7-0", "dev-e-0", 2)
+    log.assign("7-0", "rc-f").work(vocab.WORK_STARTED, "7-0", "dev-e-0", 1)
+    log.work(vocab.WORK_FAILED, "7-0", "dev-e-0", 1)
+    log.work(vocab.WORK_STARTED, "7-0", "dev-e-0", 2).work(
+        vocab.WORK_COMPLETED, "7-0", "dev-e-0", 2
+    )
     # rc-g: a refused start (it claimed an outdated attempt) starts nothing
-    log.assign("8-0", "rc-g").work(rc.WORK_STARTED, "8-0", "ops-e-0", 1)
-    log.work(rc.WORK_STARTED, "8-0", "qa-e-0", 3, fenced=True)
-    log.work(rc.WORK_COMPLETED, "8-0", "ops-e-0", 1)
+    log.assign("8-0", "rc-g").work(vocab.WORK_STARTED, "8-0", "ops-e-0", 1)
+    log.work(vocab.WORK_STARTED, "8-0", "qa-e-0", 3, fenced=True)
+    log.work(vocab.WORK_COMPLETED, "8-0", "ops-e-0", 1)
     # rc-h: both rules on one issue
-    log.assign("9-0", "rc-h").work(rc.WORK_STARTED, "9-0", "ops-e-0", 1)
-    log.work(rc.WORK_STARTED, "9-0", "dev-e-0", 2).work(rc.WORK_COMPLETED, "9-0", "dev-e-0", 2)
-    log.work(rc.WORK_COMPLETED, "9-0", "ops-e-0", 1, fenced=True)
-    log.assign("10-0", "rc-h").work(rc.WORK_COMPLETED, "10-0", "qa-e-0", None)
+    log.assign("9-0", "rc-h").work(vocab.WORK_STARTED, "9-0", "ops-e-0", 1)
+    log.work(vocab.WORK_STARTED, "9-0", "dev-e-0", 2).work(
+        vocab.WORK_COMPLETED, "9-0", "dev-e-0", 2
+    )
+    log.work(vocab.WORK_COMPLETED, "9-0", "ops-e-0", 1, fenced=True)
+    log.assign("10-0", "rc-h").work(vocab.WORK_COMPLETED, "10-0", "qa-e-0", None)
     # rc-i: Redis lost 11-0 while ops-e-0 had it in hand; the dispatch was appended again as
     # 12-0 and the lost entry superseded, so the holder's late completion is fenced: it ran
     # twice (allowed), but only one completion counts and no attempt of one entry overlapped
-    log.assign("11-0", "rc-i").work(rc.WORK_STARTED, "11-0", "ops-e-0", 1)
-    log.add(rc.ISSUE_ASSIGNED, entry="12-0", issue="rc-i", agent="dev-e",
+    log.assign("11-0", "rc-i").work(vocab.WORK_STARTED, "11-0", "ops-e-0", 1)
+    log.add(vocab.ISSUE_ASSIGNED, entry="12-0", issue="rc-i", agent="dev-e",
             detail={"idempotencyKey": "rc-i", "replaces": "11-0"})  # fmt: skip
-    log.work(rc.WORK_STARTED, "12-0", "dev-e-0", 1)
-    log.work(rc.WORK_COMPLETED, "11-0", "ops-e-0", 1, fenced=True, issue="rc-i")
-    log.work(rc.WORK_COMPLETED, "12-0", "dev-e-0", 1)
+    log.work(vocab.WORK_STARTED, "12-0", "dev-e-0", 1)
+    log.work(vocab.WORK_COMPLETED, "11-0", "ops-e-0", 1, fenced=True, issue="rc-i")
+    log.work(vocab.WORK_COMPLETED, "12-0", "dev-e-0", 1)
     return log
 
 
@@ -454,7 +467,7 @@ def test_an_issue_completed_by_two_consumers_is_a_duplicate(dupes: DuplicateWorl
     found = dupes.duplicates["rc-a"]
     assert (found["consumers"], found["reasons"]) == (
         ["dev-e-0", "qa-e-0"],
-        [rc.BY_SEVERAL_CONSUMERS],
+        [vocab.BY_SEVERAL_CONSUMERS],
     )
     assert sorted(e["entry_id"] for e in found["entries"]) == ["1-0", "2-0"]
 
@@ -472,7 +485,7 @@ def test_an_older_attempt_reporting_after_a_newer_start_is_a_duplicate(
         found = dupes.duplicates[issue]
         assert (found["consumers"], found["reasons"]) == (
             ["dev-e-0", "ops-e-0"],
-            [rc.OVERLAPPING_ATTEMPTS],
+            [vocab.OVERLAPPING_ATTEMPTS],
         )
     zombie = dupes.overlaps["5-0"]
     assert (zombie["older_attempt"], zombie["older_fenced"], zombie["newer_attempt"]) == (
@@ -480,7 +493,7 @@ def test_an_older_attempt_reporting_after_a_newer_start_is_a_duplicate(
         True,
         2,
     )
-    assert (zombie["older_kind"], zombie["newer_worker"]) == (rc.WORK_COMPLETED, "dev-e-0")
+    assert (zombie["older_kind"], zombie["newer_worker"]) == (vocab.WORK_COMPLETED, "dev-e-0")
 
 
 def test_an_older_attempt_that_finished_before_the_newer_start_is_no_overlap(
@@ -494,7 +507,7 @@ def test_an_older_attempt_that_finished_before_the_newer_start_is_no_overlap(
 def test_both_rules_on_one_issue_merge_into_one_duplicate(dupes: DuplicateWorld) -> None:
     found = dupes.duplicates["rc-h"]
     assert found["consumers"] == ["dev-e-0", "ops-e-0", "qa-e-0"]
-    assert found["reasons"] == [rc.BY_SEVERAL_CONSUMERS, rc.OVERLAPPING_ATTEMPTS]
+    assert found["reasons"] == [vocab.BY_SEVERAL_CONSUMERS, vocab.OVERLAPPING_ATTEMPTS]
     assert sorted(dupes.duplicates) == ["rc-a", "rc-d", "rc-e", "rc-h"]
 
 
@@ -505,7 +518,7 @@ def reclaim(log: Log, *, latency_ms: float | None, when: datetime, **fields: Any
     beat = None if latency_ms is None else (when - timedelta(milliseconds=latency_ms)).isoformat()
     detail = {"toConsumer": "dev-e-0", "toAgent": "dev-e", "lastHeartbeatAt": beat}
     return log.add(
-        rc.RECLAIMED,
+        vocab.RECLAIMED,
         when=when,
         consumer="ops-e-0",
         agent="ops-e",
@@ -573,7 +586,7 @@ def test_the_latency_histogram_counts_every_measured_reclaim(spark: SparkSession
 
 def beats(log: Log, agent: str, minutes: Sequence[float]) -> Log:
     for minute in minutes:
-        log.add(rc.HEARTBEAT, when=T0 + timedelta(minutes=minute), agent=agent, stream=None)
+        log.add(vocab.HEARTBEAT, when=T0 + timedelta(minutes=minute), agent=agent, stream=None)
     return log
 
 
@@ -621,7 +634,9 @@ def test_liveness_intervals_give_the_same_availability_as_their_beats(
     def stretch(start: float, end: float, n: int) -> tuple[str, datetime, datetime, int]:
         return ("flaky", T0 + timedelta(minutes=start), T0 + timedelta(minutes=end), n)
 
-    intervals = spark.createDataFrame([stretch(5, 5, 1), stretch(25, 30, 2)], rc.INTERVALS_SCHEMA)
+    intervals = spark.createDataFrame(
+        [stretch(5, 5, 1), stretch(25, 30, 2)], vocab.INTERVALS_SCHEMA
+    )
     legacy = beats(Log(), "flaky", [0]).frame(spark)
     expected = timelines.availability(
         timelines.heartbeat_gaps(as_events, window_end=window_end), down_ms=10 * MINUTE
@@ -635,7 +650,7 @@ def test_liveness_intervals_give_the_same_availability_as_their_beats(
     # Overlapping intervals (two replicas ended the same stretch) leave no gap and no double
     # time; an interval that runs past the window's end is cut there.
     overlapping = spark.createDataFrame(
-        [stretch(0, 20, 5), stretch(10, 20, 5), stretch(35, 60, 3)], rc.INTERVALS_SCHEMA
+        [stretch(0, 20, 5), stretch(10, 20, 5), stretch(35, 60, 3)], vocab.INTERVALS_SCHEMA
     )
     empty = Log().frame(spark)
     (row,) = timelines.availability(
@@ -655,14 +670,14 @@ def test_liveness_intervals_give_the_same_availability_as_their_beats(
 def test_detector_sightings_are_counted_per_consumer(spark: SparkSession) -> None:
     log = Log()
     for _ in range(3):
-        log.add(rc.CONSUMER_WITHOUT_HEARTBEAT, consumer="x-0", group="g", detail={"pending": 2})
-    log.add(rc.CONSUMER_WITHOUT_HEARTBEAT, consumer="y-0", group="g")
+        log.add(vocab.CONSUMER_WITHOUT_HEARTBEAT, consumer="x-0", group="g", detail={"pending": 2})
+    log.add(vocab.CONSUMER_WITHOUT_HEARTBEAT, consumer="y-0", group="g")
     rows = timelines.detector_sightings(log.frame(spark)).collect()
     assert [(r["consumer"], r["sightings"]) for r in rows] == [("x-0", 3), ("y-0", 1)]
 
 
 def test_per_entry_unrolls_rows_about_several_entries(spark: SparkSession) -> None:
-    log = Log().add(rc.RECLAIMED, entries=["1-0", "2-0"]).add(rc.RECLAIMED, entry="3-0")
+    log = Log().add(vocab.RECLAIMED, entries=["1-0", "2-0"]).add(vocab.RECLAIMED, entry="3-0")
     rows = rc.per_entry(log.frame(spark)).collect()
     assert sorted((r["id"], r["entry_id"]) for r in rows) == [(1, "1-0"), (1, "2-0"), (2, "3-0")]
 
@@ -763,20 +778,20 @@ def test_a_completion_counts_only_once_its_staged_outputs_are_published(
     outputs = {"outputs": 1}
     log = (
         Log()
-        .assign("1-0", "rc-1").work(rc.WORK_STARTED, "1-0", "dev-e-0", 1)
-        .add(rc.WORK_COMPLETED, entry="1-0", consumer="dev-e-0", attempt=1, detail=outputs)
-        .add(rc.WORK_PUBLISHED, entry="1-0", consumer="dev-e-1", attempt=1, detail={})
-        .assign("2-0", "rc-2").work(rc.WORK_STARTED, "2-0", "dev-e-0", 1)
-        .add(rc.WORK_COMPLETED, entry="2-0", consumer="dev-e-0", attempt=1, detail=outputs)
-        .assign("3-0", "rc-3").work(rc.WORK_STARTED, "3-0", "dev-e-0", 1)
-        .add(rc.WORK_COMPLETED, entry="3-0", consumer="dev-e-0", attempt=1, detail=outputs)
-        .add(rc.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=1,
+        .assign("1-0", "rc-1").work(vocab.WORK_STARTED, "1-0", "dev-e-0", 1)
+        .add(vocab.WORK_COMPLETED, entry="1-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .add(vocab.WORK_PUBLISHED, entry="1-0", consumer="dev-e-1", attempt=1, detail={})
+        .assign("2-0", "rc-2").work(vocab.WORK_STARTED, "2-0", "dev-e-0", 1)
+        .add(vocab.WORK_COMPLETED, entry="2-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .assign("3-0", "rc-3").work(vocab.WORK_STARTED, "3-0", "dev-e-0", 1)
+        .add(vocab.WORK_COMPLETED, entry="3-0", consumer="dev-e-0", attempt=1, detail=outputs)
+        .add(vocab.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=1,
              detail={"missing": ["/out/rc-3.json"]})
-        .work(rc.WORK_STARTED, "3-0", "qa-e-0", 2)
-        .add(rc.WORK_COMPLETED, entry="3-0", consumer="qa-e-0", attempt=2, detail=outputs)
-        .add(rc.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=2, detail={})
-        .assign("4-0", "rc-4").work(rc.WORK_STARTED, "4-0", "dev-e-0", 1)
-        .work(rc.WORK_COMPLETED, "4-0", "dev-e-0", 1)
+        .work(vocab.WORK_STARTED, "3-0", "qa-e-0", 2)
+        .add(vocab.WORK_COMPLETED, entry="3-0", consumer="qa-e-0", attempt=2, detail=outputs)
+        .add(vocab.WORK_PUBLISHED, entry="3-0", consumer="qa-e-0", attempt=2, detail={})
+        .assign("4-0", "rc-4").work(vocab.WORK_STARTED, "4-0", "dev-e-0", 1)
+        .work(vocab.WORK_COMPLETED, "4-0", "dev-e-0", 1)
     )  # fmt: skip
     events = log.frame(spark)
     unpublished = {
@@ -793,10 +808,10 @@ def test_a_completion_counts_only_once_its_staged_outputs_are_published(
     )
     by_entry = {r["entry_id"]: r for r in status.collect()}
     assert {e: r["status"] for e, r in by_entry.items()} == {
-        "1-0": rc.COMPLETED,
-        "2-0": rc.LOST,
-        "3-0": rc.COMPLETED,
-        "4-0": rc.COMPLETED,
+        "1-0": vocab.COMPLETED,
+        "2-0": vocab.LOST,
+        "3-0": vocab.COMPLETED,
+        "4-0": vocab.COMPLETED,
     }
     assert by_entry["3-0"]["completed_by"] == ["qa-e-0"]
     reports = rc.work_reports(events, found)
@@ -809,13 +824,17 @@ def test_groups_fanning_out_each_complete_their_own_work_once(spark: SparkSessio
     completing it within `workers` is."""
     log = Log().assign("1-0", "rc-1").assign("2-0", "rc-2")
     for group, consumer in (("workers", "dev-e-0"), ("auditors", "qa-e-0")):
-        log.add(rc.WORK_STARTED, entry="1-0", consumer=consumer, attempt=1, group=group)
-    log.add(rc.WORK_STARTED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
-    log.add(rc.WORK_COMPLETED, entry="1-0", consumer="qa-e-0", attempt=1, group="auditors")
-    log.add(rc.WORK_COMPLETED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
+        log.add(vocab.WORK_STARTED, entry="1-0", consumer=consumer, attempt=1, group=group)
+    log.add(vocab.WORK_STARTED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
+    log.add(vocab.WORK_COMPLETED, entry="1-0", consumer="qa-e-0", attempt=1, group="auditors")
+    log.add(vocab.WORK_COMPLETED, entry="1-0", consumer="dev-e-1", attempt=2, group="workers")
     for consumer, attempt in (("dev-e-0", 1), ("dev-e-1", 2)):
-        log.add(rc.WORK_STARTED, entry="2-0", consumer=consumer, attempt=attempt, group="workers")
-        log.add(rc.WORK_COMPLETED, entry="2-0", consumer=consumer, attempt=attempt, group="workers")
+        log.add(
+            vocab.WORK_STARTED, entry="2-0", consumer=consumer, attempt=attempt, group="workers"
+        )
+        log.add(
+            vocab.WORK_COMPLETED, entry="2-0", consumer=consumer, attempt=attempt, group="workers"
+        )
     events = log.frame(spark)
     found = facts(events)
     reports = rc.work_reports(events, found)

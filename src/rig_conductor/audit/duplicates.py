@@ -6,12 +6,12 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from rig_conductor.audit.reconcile import (
+from rig_conductor.audit.reconcile import completions
+from rig_conductor.audit.vocabulary import (
     BY_SEVERAL_CONSUMERS,
     ENTRY,
     OVERLAPPING_ATTEMPTS,
     WORK_STARTED,
-    completions,
 )
 
 

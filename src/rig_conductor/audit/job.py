@@ -152,7 +152,7 @@ def load_events(
     every rule reads that: each scans only its kinds and columns, and no executor holds the
     whole log in memory. Without, they are cached.
     """
-    from rig_conductor.audit import reconcile, sources
+    from rig_conductor.audit import sources, vocabulary
 
     where = sources.event_filter(tenant=tenant, since=since, until=until)
     bounds = sources.read_bounds(spark, source, where=where)
@@ -160,7 +160,7 @@ def load_events(
     count = partitions or sources.partitions_for(bounds.rows, parallelism=parallelism)
     empty = bounds.rows == 0 or bounds.high is None
     if empty:
-        events = spark.createDataFrame([], reconcile.EVENTS_SCHEMA)
+        events = spark.createDataFrame([], vocabulary.EVENTS_SCHEMA)
     else:
         events = sources.read_events(
             spark,
@@ -198,17 +198,17 @@ def load_events(
 
 def _staged(spark: SparkSession, events: DataFrame, staging: Path) -> DataFrame:
     """`events` written to `staging` as Parquet partitioned by kind, and read back from there."""
-    from rig_conductor.audit import reconcile
+    from rig_conductor.audit import vocabulary
 
     path = str((staging / "events").resolve())
     events.write.mode("overwrite").partitionBy("kind").parquet(path)
-    columns = [f.name for f in reconcile.EVENTS_SCHEMA.fields]
-    return spark.read.schema(reconcile.EVENTS_SCHEMA).parquet(path).select(*columns)
+    columns = [f.name for f in vocabulary.EVENTS_SCHEMA.fields]
+    return spark.read.schema(vocabulary.EVENTS_SCHEMA).parquet(path).select(*columns)
 
 
 def load_tail(spark: SparkSession, source: JdbcSource, loaded: Loaded, *, tenant: str) -> None:
     """Completions and dead letters logged after the window's read, added to `loaded.events`."""
-    from rig_conductor.audit import reconcile, sources
+    from rig_conductor.audit import sources, vocabulary
 
     assert loaded.bounds.high is not None
     tail = sources.read_events(
@@ -217,7 +217,7 @@ def load_tail(spark: SparkSession, source: JdbcSource, loaded: Loaded, *, tenant
         where=sources.event_filter(
             tenant=tenant,
             after_id=loaded.bounds.high,
-            kinds=(reconcile.WORK_COMPLETED, reconcile.DEAD_LETTERED),
+            kinds=(vocabulary.WORK_COMPLETED, vocabulary.DEAD_LETTERED),
         ),
         bounds=None,
         partitions=1,
@@ -232,11 +232,11 @@ def load_tail(spark: SparkSession, source: JdbcSource, loaded: Loaded, *, tenant
 def dispatched_streams(events: DataFrame) -> list[str]:
     from pyspark.sql import functions as F
 
-    from rig_conductor.audit import reconcile
+    from rig_conductor.audit import vocabulary
 
     rows = (
         events.where(
-            F.col("kind").isin(reconcile.ISSUE_ASSIGNED, reconcile.DEAD_LETTER_REQUEUED)
+            F.col("kind").isin(vocabulary.ISSUE_ASSIGNED, vocabulary.DEAD_LETTER_REQUEUED)
             & F.col("stream").isNotNull()
         )
         .select("stream")
@@ -288,10 +288,12 @@ def reconcile_all(
     cost more than the work on a small log) and nothing is cached in executor memory.
     """
     from rig_conductor.audit import reconcile as rc
-    from rig_conductor.audit import timelines
+    from rig_conductor.audit import timelines, vocabulary
 
-    pending = spark.createDataFrame(snapshot.pending, rc.PENDING_SCHEMA, verifySchema=False)
-    queue = spark.createDataFrame(snapshot.letters, rc.DEAD_LETTER_QUEUE_SCHEMA, verifySchema=False)
+    pending = spark.createDataFrame(snapshot.pending, vocabulary.PENDING_SCHEMA, verifySchema=False)
+    queue = spark.createDataFrame(
+        snapshot.letters, vocabulary.DEAD_LETTER_QUEUE_SCHEMA, verifySchema=False
+    )
     out = _Parquet(spark, output, staging)
     # Small frames first, each written: read back, their size lets the joins below broadcast
     # them instead of shuffling the log against them.

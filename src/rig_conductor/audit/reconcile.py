@@ -18,82 +18,17 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from rig_conductor.audit.vocabulary import (
-    BY_SEVERAL_CONSUMERS as BY_SEVERAL_CONSUMERS,
-)
-from rig_conductor.audit.vocabulary import (  # the vocabulary, as the rules' callers use it
-    COMPLETED as COMPLETED,
-)
-from rig_conductor.audit.vocabulary import (
-    CONSUMER_WITHOUT_HEARTBEAT as CONSUMER_WITHOUT_HEARTBEAT,
-)
-from rig_conductor.audit.vocabulary import (
-    DEAD as DEAD,
-)
-from rig_conductor.audit.vocabulary import (
-    DEAD_LETTER_QUEUE_SCHEMA as DEAD_LETTER_QUEUE_SCHEMA,
-)
-from rig_conductor.audit.vocabulary import (
-    DEAD_LETTER_REQUEUED as DEAD_LETTER_REQUEUED,
-)
-from rig_conductor.audit.vocabulary import (
-    DEAD_LETTERED as DEAD_LETTERED,
-)
-from rig_conductor.audit.vocabulary import (
-    DETAIL_KINDS as DETAIL_KINDS,
-)
-from rig_conductor.audit.vocabulary import (
-    ENTRY as ENTRY,
-)
-from rig_conductor.audit.vocabulary import (
-    EVENTS_SCHEMA as EVENTS_SCHEMA,
-)
-from rig_conductor.audit.vocabulary import (
-    HEARTBEAT as HEARTBEAT,
-)
-from rig_conductor.audit.vocabulary import (
-    IN_PEL as IN_PEL,
-)
-from rig_conductor.audit.vocabulary import (
-    INTERVALS_SCHEMA as INTERVALS_SCHEMA,
-)
-from rig_conductor.audit.vocabulary import (
-    ISSUE_ASSIGNED as ISSUE_ASSIGNED,
-)
-from rig_conductor.audit.vocabulary import (
-    LOST as LOST,
-)
-from rig_conductor.audit.vocabulary import (
-    OVERLAPPING_ATTEMPTS as OVERLAPPING_ATTEMPTS,
-)
-from rig_conductor.audit.vocabulary import (
-    PENDING as PENDING,
-)
-from rig_conductor.audit.vocabulary import (
-    PENDING_SCHEMA as PENDING_SCHEMA,
-)
-from rig_conductor.audit.vocabulary import (
-    RECLAIMED as RECLAIMED,
-)
-from rig_conductor.audit.vocabulary import (
-    UNDELIVERED as UNDELIVERED,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_COMPLETED as WORK_COMPLETED,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_FAILED as WORK_FAILED,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_KINDS as WORK_KINDS,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_PROGRESS as WORK_PROGRESS,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_PUBLISHED as WORK_PUBLISHED,
-)
-from rig_conductor.audit.vocabulary import (
-    WORK_STARTED as WORK_STARTED,
+    COMPLETED,
+    DEAD,
+    DEAD_LETTER_REQUEUED,
+    DEAD_LETTERED,
+    ENTRY,
+    ISSUE_ASSIGNED,
+    LOST,
+    PENDING,
+    WORK_COMPLETED,
+    WORK_KINDS,
+    WORK_PUBLISHED,
 )
 
 

@@ -195,17 +195,17 @@ def read_events(
     bounds: EventBounds | None,
     partitions: int,
 ) -> DataFrame:
-    """The events matching `where`, as `reconcile.EVENTS_SCHEMA`.
+    """The events matching `where`, as `vocabulary.EVENTS_SCHEMA`.
 
     With `bounds`, the read is split into `partitions` ranges of `id` (Spark's partitioned JDBC
     read: one query and one connection per partition); without, one query.
     """
     from pyspark.sql import functions as F
 
-    from rig_conductor.audit import reconcile
+    from rig_conductor.audit import vocabulary
 
     has_entry_ids = bounds.has_entry_ids if bounds is not None else True
-    table = events_query(where, detail_kinds=reconcile.DETAIL_KINDS, has_entry_ids=has_entry_ids)
+    table = events_query(where, detail_kinds=vocabulary.DETAIL_KINDS, has_entry_ids=has_entry_ids)
     reader = (
         spark.read.format("jdbc")
         .options(**source.options())
@@ -223,7 +223,7 @@ def read_events(
     ids = F.col("entry_ids")
     raw = raw.withColumn("entry_ids", F.when(F.length(ids) > 0, F.split(ids, ",")))
     return raw.select(
-        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in reconcile.EVENTS_SCHEMA.fields)
+        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in vocabulary.EVENTS_SCHEMA.fields)
     )
 
 
@@ -255,11 +255,11 @@ def read_intervals(
     since: datetime | None,
     until: datetime | None,
 ) -> DataFrame:
-    """The agents' liveness intervals in the window, as `reconcile.INTERVALS_SCHEMA`: one row
+    """The agents' liveness intervals in the window, as `vocabulary.INTERVALS_SCHEMA`: one row
     per agent and unbroken stretch of heartbeats, so a small read whatever the fleet's rate."""
     from pyspark.sql import functions as F
 
-    from rig_conductor.audit import reconcile
+    from rig_conductor.audit import vocabulary
 
     raw = (
         spark.read.format("jdbc")
@@ -269,7 +269,7 @@ def read_intervals(
         .load()
     )
     return raw.select(
-        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in reconcile.INTERVALS_SCHEMA.fields)
+        *(F.col(f.name).cast(f.dataType).alias(f.name) for f in vocabulary.INTERVALS_SCHEMA.fields)
     )
 
 
@@ -278,9 +278,9 @@ class RedisSnapshot:
     """Pending entries and dead letters of the dispatched streams, as Redis held them."""
 
     taken_at: datetime
-    # (stream, entry_id, group, consumer, state): reconcile.PENDING_SCHEMA
+    # (stream, entry_id, group, consumer, state): vocabulary.PENDING_SCHEMA
     pending: list[tuple[str, str, str | None, str | None, str]] = field(default_factory=list)
-    # reconcile.DEAD_LETTER_QUEUE_SCHEMA
+    # vocabulary.DEAD_LETTER_QUEUE_SCHEMA
     letters: list[
         tuple[str, str, str | None, str | None, str | None, int | None, str | None, str | None]
     ] = field(default_factory=list)

@@ -7,15 +7,8 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from rig_conductor.audit.reconcile import (
-    COMPLETED,
-    DEAD,
-    ENTRY,
-    IN_PEL,
-    LOST,
-    PENDING,
-    entry_order,
-)
+from rig_conductor.audit.reconcile import entry_order
+from rig_conductor.audit.vocabulary import COMPLETED, DEAD, ENTRY, IN_PEL, LOST, PENDING
 
 
 def lost(status: DataFrame) -> DataFrame:

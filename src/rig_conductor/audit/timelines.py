@@ -11,14 +11,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from rig_conductor.audit.reconcile import (
-    CONSUMER_WITHOUT_HEARTBEAT,
-    HEARTBEAT,
-    RECLAIMED,
-    json_field,
-    millis_between,
-    per_entry,
-)
+from rig_conductor.audit.reconcile import json_field, millis_between, per_entry
+from rig_conductor.audit.vocabulary import CONSUMER_WITHOUT_HEARTBEAT, HEARTBEAT, RECLAIMED
 
 
 def reclaims(events: DataFrame) -> DataFrame:
