@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ import httpx
 from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
-from tests.e2e.fleet import AgentProcess
+from tests.e2e.fleet import AgentProcess, spawn
 from tests.integration.helpers import Conductor, serve, wait_for
 
 from conformance.agents import REPO, AgentUnderTest
@@ -119,18 +118,8 @@ class World:
             }
         )
         log = self.workdir / "logs" / f"{log_name or consumer}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         argv = [*self.agent.command, "--agent-id", AGENT_ID, "--group", GROUP, "--stream", STREAM]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        started = AgentProcess(AGENT_ID, consumer, process, log)
+        started = spawn(AGENT_ID, consumer, argv, cwd=self.workdir, env=environment, log=log)
         self.agents.append(started)
         return started
 

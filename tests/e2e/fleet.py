@@ -104,6 +104,24 @@ class AgentProcess:
         return self.process.returncode
 
 
+def spawn(
+    agent_id: str,
+    consumer: str,
+    argv: list[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    log: Path,
+) -> AgentProcess:
+    """An agent process of any runtime, its output (both streams) in the file `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT
+        )
+    return AgentProcess(agent_id, consumer, process, log)
+
+
 @dataclass
 class Fleet:
     """Agents of one group; `with Fleet(...) as fleet:` reaps them all on exit."""
@@ -139,20 +157,10 @@ class Fleet:
             | self.env
             | env
         )
-        log = self.workdir / "logs" / f"{consumer}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "rig_conductor", "agent", "--agent-id", agent_id]
         command += ["--group", group, "--stream", stream, "--handler", handler]
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                command,
-                cwd=self.workdir,
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-            )
-        agent = AgentProcess(agent_id, consumer, process, log)
+        log = self.workdir / "logs" / f"{consumer}.log"
+        agent = spawn(agent_id, consumer, command, cwd=self.workdir, env=environment, log=log)
         self.agents.append(agent)
         return agent
 

@@ -51,7 +51,7 @@ async def dispatched(redis: Redis, engine: AsyncEngine, issue: str) -> str:
 
 async def report(
     engine: AsyncEngine, kind: str, entry_id: str, issue: str, *, consumer: str = HOLDER,
-    attempt: int | None = None,
+    attempt: int | None = None, group: str | None = None, outputs: tuple[StagedOutput, ...] = (),
 ) -> work.WorkOutcome:  # fmt: skip
     return await work.record_work(
         engine,
@@ -64,6 +64,8 @@ async def report(
             consumer=consumer,
             issue_id=issue,
             attempt=attempt,
+            group=group,
+            outputs=outputs,
         ),
     )
 
@@ -305,21 +307,10 @@ async def grouped(
     attempt: int | None = None, outputs: tuple[StagedOutput, ...] = (),
 ) -> work.WorkOutcome:  # fmt: skip
     """A WORK_* report read in `group` (fan-out: several groups read the stream)."""
-    return await work.record_work(
-        engine,
-        tenant="default",
-        report=work.WorkReport(
-            kind=kind,  # type: ignore[arg-type]
-            agent_id="builder",
-            stream=S,
-            entry_id=entry_id,
-            consumer=consumer,
-            issue_id=issue,
-            attempt=attempt,
-            group=group,
-            outputs=outputs,
-        ),
-    )
+    return await report(
+        engine, kind, entry_id, issue, consumer=consumer, attempt=attempt, group=group,
+        outputs=outputs,
+    )  # fmt: skip
 
 
 async def finish(engine: AsyncEngine, entry_id: str, issue: str, group: str, consumer: str) -> None:

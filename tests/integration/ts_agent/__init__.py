@@ -28,6 +28,7 @@ from tests.e2e.fleet import (
     accepted_completions,
     effects,
     pending,
+    spawn,
     staged_leftovers,
 )
 from tests.needs import missing
@@ -132,19 +133,9 @@ def start_ts(
     )
     # `log_name`: for a second process of one consumer name, which must not share the first's log.
     log = fleet.workdir / "logs" / f"{log_name or consumer}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     argv = [*command, "--agent-id", agent_id, "--group", GROUP, "--stream", STREAM]
     argv += ["--handler", handler or f"{HANDLER}#build"]
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            argv,
-            cwd=cwd or fleet.workdir,
-            env=environment,
-            stdin=subprocess.DEVNULL,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    agent = AgentProcess(agent_id, consumer, process, log)
+    agent = spawn(agent_id, consumer, argv, cwd=cwd or fleet.workdir, env=environment, log=log)
     fleet.agents.append(agent)
     return agent
 
