@@ -3,12 +3,15 @@
 The conductor runs for real: the HTTP API under uvicorn with its scheduled reaper. Six issues
 are dispatched through `POST /api/events`. The agents run the real agent runtime (`run_agent`,
 in-process), reading `rig:dispatch` in one consumer group and heartbeating over HTTP.
-`builder-b` runs four workers; each takes an issue and hangs in its build, then builder-b's
-node dies: the workers stop dead, nothing acked, no more heartbeats. `builder-a` builds the
-other two issues. On short demo thresholds the reaper sees builder-b go silent and reclaims its
-four entries to builder-a, which builds them as a new attempt (builder-b's attempts are fenced
-off). Every build writes an artifact through `entry.stage()`, published only once the conductor
-has accepted the completion; the demo reports who built each issue from those artifacts.
+`builder-b` runs four workers; each takes an issue and hangs in its build. `builder-a` builds
+the other two issues, then builder-b's node dies: the workers stop dead, nothing acked, no more
+heartbeats. On short demo thresholds the reaper sees builder-b go silent and reclaims its four
+entries to builder-a, which builds them as a new attempt (builder-b's attempts are fenced off).
+builder-a is up and idle before builder-b dies: were it still starting, the reaper could pick a
+builder-b worker whose last heartbeat came a moment later than its siblings', and move the
+entry a second time once that worker is found silent too. Every build writes an artifact
+through `entry.stage()`, published only once the conductor has accepted the completion; the
+demo reports who built each issue from those artifacts.
 
 Then, unless told to stop there (`once`: `--once`, or a stdout that is no terminal, as `cli`
 decides), the demo stays up for a person to look around until Ctrl-C: builder-a
@@ -219,8 +222,11 @@ async def _story(
             for issue in ISSUES:
                 await _dispatch(api, issue)  # the conductor logs each dispatch
             await crew.doomed_take_work()
-            await crew.kill_doomed()
+            # builder-a is up, heard, and idle before builder-b dies: the reaper's only
+            # eligible target with nothing pending, so every move goes to it at once.
             crew.start_live(*LIVE)
+            await _watch(crew.artifacts, redis, completed, len(ISSUES) - len(DOOMED))
+            await crew.kill_doomed()
             await _watch(crew.artifacts, redis, completed, len(ISSUES))
     except TimeoutError:
         logger.error("Demo timed out: %d of %d issues done", len(completed), len(ISSUES))
@@ -410,8 +416,8 @@ class _Crew:
 
 
 async def _watch(artifacts: Path, redis: AnyRedis, completed: dict[str, str], issues: int) -> None:
-    """Log each artifact as it is published; return once every issue has one and nothing is
-    pending any more."""
+    """Log each artifact as it is published; return once `issues` have one and no more is
+    pending than the issues still to do."""
     while True:
         for issue, built in await asyncio.to_thread(_published, artifacts, set(completed)):
             completed[issue] = built["consumer"]
@@ -422,7 +428,7 @@ async def _watch(artifacts: Path, redis: AnyRedis, completed: dict[str, str], is
                 built["entryId"],
                 built["attempt"],
             )
-        if len(completed) == issues and await _pending(redis) == 0:
+        if len(completed) >= issues and await _pending(redis) == len(ISSUES) - len(completed):
             return
         await asyncio.sleep(0.1)
 
