@@ -80,5 +80,17 @@ def test_what_the_guard_left_is_taken_back() -> None:
     spread = Spread([target("a", 0), target("b", 0)])
     [(first, n)] = spread.share(1, owner=DEAD)
     spread.took(first.consumer, n)
-    spread.took(first.consumer, -n)  # XCLAIM moved nothing
+    spread.kept(first.consumer, n)  # XCLAIM moved nothing
     assert spread.share(1, owner=DEAD) == [(first, 1)]
+
+
+def test_the_room_the_guard_left_is_filled_by_later_pages() -> None:
+    spread = Spread([target("a", 0), target("b", 0), target("c", 0)])
+    assert give(spread, 30) == {"a": 10, "b": 10, "c": 10}
+    spread.kept(ConsumerName("b"), 4)  # 4 of b's 10 were acked or re-read meanwhile
+    spread.kept(ConsumerName("c"), 0)  # all of c's moved
+    assert give(spread, 7) == {"b": 5, "a": 1, "c": 1}  # b first, up to the level
+    with pytest.raises(ValueError):
+        spread.kept(ConsumerName("a"), -1)
+    with pytest.raises(ValueError):
+        spread.took(ConsumerName("a"), -1)

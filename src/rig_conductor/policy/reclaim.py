@@ -277,7 +277,8 @@ class Spread:
         self, count: int, *, owner: ConsumerName, healthy_only: bool = False
     ) -> list[tuple[TargetCandidate, int]]:
         """How `count` entries of `owner` divide over the pool; empty when there is no target.
-        Does not count them as given: call `took` with what really moved."""
+        Does not count them as given: call `took` with what is planned to move (`kept` takes
+        back what the guard left)."""
         pool = self.pool(owner, healthy_only=healthy_only)
         if not pool or count <= 0:
             return []
@@ -305,7 +306,17 @@ class Spread:
         return [(t, n) for t, n in sorted(shares, key=lambda s: s[0].rank()) if n > 0]
 
     def took(self, consumer: ConsumerName, count: int) -> None:
+        """`count` more entries given to `consumer`."""
+        if count < 0:
+            raise ValueError(f"took {count} entries: what the guard left is `kept`")
         self._load[consumer] += count
+
+    def kept(self, consumer: ConsumerName, count: int) -> None:
+        """The guard left `count` of the entries planned for `consumer` where they were: it
+        holds that many fewer than planned, and later pages may fill the room."""
+        if count < 0:
+            raise ValueError(f"kept {count} entries: a count of entries is never negative")
+        self._load[consumer] -= count
 
     def pool_key(self, rule: OwnerRule) -> PoolKey:
         """Owners with the same key share one pool of targets: healthy-only or not, and the

@@ -101,4 +101,4 @@ class _Sweep:
         plan = reclaim.plan_pages(assessment, entries, spread=self.spread)
         claimed = await applier.apply(plan)
         for claim, ids in zip(plan.claims, claimed, strict=True):
-            self.spread.took(claim.target, len(ids) - len(claim.entries))  # the guard kept these
+            self.spread.kept(claim.target, len(claim.entries) - len(ids))
