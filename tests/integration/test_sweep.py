@@ -106,7 +106,12 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             metrics=None,
             timing=timing,
         )
-        await moves.sweep_group(applier, page_size=7)
+        await moves.sweep_group(
+            assessment,
+            reader=moves.PageReader(any_redis, timing),
+            effects=applier,
+            page_size=7,
+        )
         await applier.flush()
         assert collecting == {False} and gc.isenabled()  # paused for the sweep only (gcpolicy)
         # What moved, as the event log has it.

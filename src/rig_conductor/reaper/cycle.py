@@ -286,7 +286,11 @@ class _Scan:
             timing=self.report.timing,
         )
         try:
-            await moves.sweep_group(applier)
+            await moves.sweep_group(
+                assessment,
+                reader=moves.PageReader(client, self.report.timing),
+                effects=applier,
+            )
         finally:
             await applier.flush()  # what moved is in the event log, even when the sweep failed
         return await applier.finish()
