@@ -80,3 +80,36 @@ def test_every_test_the_page_names_exists(nodeid: str) -> None:
 def test_every_rule_has_a_section() -> None:
     headings = re.findall(r"^## Rule (\w+):", PAGE.read_text(), re.MULTILINE)
     assert tuple(headings) == RULES
+
+
+# "rule 5", "Rule 3b", "rules 3 and 4b", "reaper rule 6": a citation of the page in code.
+CITED = re.compile(r"\b[Rr]ules? (\d+b?)\b((?:(?:, | and | or )\d+b?\b)*)")
+
+
+def citations(text: str) -> set[str]:
+    cited: set[str] = set()
+    for match in CITED.finditer(text):
+        cited.add(match[1])
+        cited.update(re.findall(r"\d+b?", match[2]))
+    return cited
+
+
+def test_citations_are_read_as_written() -> None:
+    assert citations("rule 5, docs/rules.md") == {"5"}
+    assert citations("Rules 3 and 4b decide; rule 7 too") == {"3", "4b", "7"}
+    assert citations("no rule here, 5 rules, ruled 3") == set()
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "src").rglob("*.py") if citations(p.read_text())
+    ),
+)
+def test_code_that_cites_a_rule_points_at_the_page(path: str) -> None:
+    """Every source file naming a reaper rule names the page that holds it, and only rules the
+    page has: a citation never points to a contract the repository does not contain."""
+    text = (REPO / path).read_text()
+    assert "docs/rules.md" in text, f"{path} cites a rule but not docs/rules.md"
+    unknown = citations(text) - set(RULES)
+    assert not unknown, f"{path} cites rules the page does not have: {sorted(unknown)}"

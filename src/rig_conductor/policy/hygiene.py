@@ -51,7 +51,7 @@ class ConsumerRemoval:
 
 
 def removable(info: ConsumerInfo, evidence: Evidence, limits: Limits) -> bool:
-    """Rules 1-4 of the module docstring for one consumer."""
+    """Whether one consumer meets all four conditions above."""
     if info.pending > 0 or evidence.pod(info.name) not in (PodState.GONE, PodState.ABSENT):
         return False
     if info.idle_ms < limits.agent_down_ms:
