@@ -146,13 +146,7 @@ class ConductorClient:
         body = self._work(EventKind.WORK_COMPLETED, stream, entry_id, issue_id, attempt=attempt)
         if outputs:
             body["outputs"] = [{"staged": o.staged, "path": o.path} for o in outputs]
-        answer = await self._post(body, tries=None, until=until)
-        fenced = _fenced(answer)
-        if fenced:
-            return fenced
-        data = answer.json()
-        state = str(data.get("state", AssignmentState.DONE))
-        return Accepted(int(data.get("attempt", attempt)), state)
+        return _settled(await self._post(body, tries=None, until=until), attempt)
 
     async def work_progress(
         self, *, stream: str, entry_id: str, issue_id: str | None, attempt: int
@@ -183,13 +177,7 @@ class ConductorClient:
         body = self._work(EventKind.WORK_PUBLISHED, stream, entry_id, issue_id, attempt=attempt)
         if missing:
             body["missing"] = list(missing)
-        answer = await self._post(body, tries=None, until=until)
-        fenced = _fenced(answer)
-        if fenced:
-            return fenced
-        data = answer.json()
-        state = str(data.get("state", AssignmentState.DONE))
-        return Accepted(int(data.get("attempt", attempt)), state)
+        return _settled(await self._post(body, tries=None, until=until), attempt)
 
     async def dead_letter(
         self, *, stream: str, entry_id: str, issue_id: str | None, reason: str
@@ -312,6 +300,17 @@ async def pause(seconds: float, until: asyncio.Event | None = None) -> None:
         return
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(until.wait(), seconds)
+
+
+def _settled(answer: httpx.Response, attempt: int) -> Accepted | FencedAnswer:
+    """The answer to a completion or a publish: fenced (409), or accepted with the state the
+    conductor now holds for the entry (`done` when it does not say)."""
+    fenced = _fenced(answer)
+    if fenced:
+        return fenced
+    data = answer.json()
+    state = str(data.get("state", AssignmentState.DONE))
+    return Accepted(int(data.get("attempt", attempt)), state)
 
 
 def _fenced(answer: httpx.Response) -> FencedAnswer | None:
