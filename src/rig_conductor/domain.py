@@ -93,6 +93,25 @@ class PodState(enum.Enum):
     UNKNOWN = "unknown"
 
 
+@dataclass(frozen=True, slots=True)
+class Pods:
+    """What Kubernetes said about the pods consumers are named after, as one answer: each pod's
+    state, and whether they come from a successful list (then a pod they do not name is
+    MISSING: no reclaim target unless it heartbeats by its own name, rule 5 of docs/rules.md)."""
+
+    states: Mapping[ConsumerName, PodState] = field(default_factory=dict)
+    listed: bool = False
+
+    @property
+    def default(self) -> PodState:
+        """The state of a pod `states` does not name."""
+        return PodState.MISSING if self.listed else PodState.UNKNOWN
+
+    def adding(self, states: Mapping[ConsumerName, PodState]) -> Pods:
+        """This answer with the states of more pods (looked up by name) over it."""
+        return Pods({**self.states, **states}, self.listed) if states else self
+
+
 class EventKind(enum.StrEnum):
     """What an event-log row records, and the `type` of an event sent to `POST /api/events`.
 

@@ -16,7 +16,7 @@ from rig_conductor import logs
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.domain import AgentId, ConsumerName, PodState
+from rig_conductor.domain import AgentId, ConsumerName, Pods, PodState
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests import redis_kit
@@ -234,8 +234,8 @@ async def test_pod_gone_moves_entries_before_they_are_stale(
     await beat(engine, "review-e", "review-e-rig-agent-runtime-1")
     await read(redis, S, G, "review-e-rig-agent-runtime-1", 2)
     await register(redis, S, G, "review-e-rig-agent-runtime-0")
-    gone = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE}
-    unknown = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN}
+    gone = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE})
+    unknown = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN})
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=unknown)
     assert report.reclaimed == 0
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=gone)

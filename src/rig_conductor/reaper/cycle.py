@@ -29,8 +29,17 @@ from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import reading
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis.client import Topology
-from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState, StreamKey
+from rig_conductor.domain import (
+    ConsumerName,
+    Evidence,
+    GroupInfo,
+    Limits,
+    Pods,
+    PodState,
+    StreamKey,
+)
 from rig_conductor.effects import applier as effects
+from rig_conductor.operations import evidence as built
 from rig_conductor.policy import liveness, measure, reclaim, registry
 from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
@@ -54,8 +63,7 @@ async def reap_once(
     engine: AsyncEngine,
     settings: Settings,
     dry_run: bool | None = None,
-    pods: Mapping[ConsumerName, PodState] | None = None,
-    pods_listed: bool = False,
+    pods: Pods | None = None,
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
     probe: Probe | None = None,
@@ -68,8 +76,8 @@ async def reap_once(
     `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
     `probe`, consumers holding entries that `pods` says nothing about are looked up by name
-    (`pods_listed`: `pods` come from a successful list, so a pod they do not name is missing);
-    with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
+    (with `pods` from a successful list, a pod they do not name is missing); with `hygiene`,
+    consumers whose pod is gone and that hold nothing are deleted.
     """
     started = time.perf_counter()
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
@@ -84,26 +92,20 @@ async def reap_once(
         world = await reading.read(topology, settings.streams, others=others)
     if probe is not None:
         with report.timing("pods"):
-            pods = {**(pods or {}), **await probe(_unexplained(world.groups, pods or {}))}
+            pods = pods or Pods()
+            pods = pods.adding(await probe(_unexplained(world.groups, pods.states)))
+    # Consumer hygiene acts on what Kubernetes answered: nothing after a failed list.
+    tidy = hygiene and pods is not None and bool(pods.states)
     # The consumers' own heartbeats of the consumers holding entries only: every other one is
     # looked up only in a group where something moves (`_Scan.node`). With consumer hygiene on
     # (Kubernetes), every one: a consumer that holds nothing may be removed.
-    holders = None if hygiene and pods else _holders(world.groups)
+    holders = None if tidy else _holders(world.groups)
     with report.timing("evidence"):
-        evidence = await queries.load_evidence(
-            engine,
-            tenant=settings.tenant,
-            configured_agents=settings.known_agents,
-            down_ms=settings.agent_down_ms,
-            pods=pods,
-            pods_listed=pods_listed,
-            read_at=read_at,
-            consumers=holders,
-        )
+        evidence = await built.load(engine, settings, pods=pods, consumers=holders, read_at=read_at)
         work_evidence = await _work_evidence(engine, settings, world.streams)
     scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics, holders)
     await scan.every_node(world)  # plan and apply
-    await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
+    await scan.after(world, detector=detector, hygiene=tidy)  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     if not isinstance(redis, Topology):
         await topology.aclose()
