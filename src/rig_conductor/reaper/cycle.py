@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from rig_conductor.domain import (
     ConsumerName,
     Evidence,
     GroupInfo,
+    Heartbeat,
     Limits,
     Pods,
     PodState,
@@ -149,7 +150,12 @@ async def _redispatch(
 
 
 class _Scan:
-    """The plan-and-apply step of one scan, run on each node's groups, and what follows it."""
+    """The plan-and-apply step of one scan, run on each node's groups, and what follows it.
+
+    The groups of the nodes are judged side by side on one evidence, which nothing changes: a
+    group judged on more heartbeats is judged on a fleet of its own (`Fleet.adding`), and what
+    follows the moves on the evidence with every heartbeat the groups read.
+    """
 
     def __init__(
         self,
@@ -160,7 +166,7 @@ class _Scan:
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None,
-        loaded: set[ConsumerName] | None,
+        loaded: Set[ConsumerName] | None,
     ) -> None:
         self.report = report
         self.evidence = evidence
@@ -178,12 +184,21 @@ class _Scan:
         """Plan and apply on every node at once; a node that fails is left out on a cluster
         (`Reading.go_on_without`), and counted."""
         self.report.streams = len(world.streams)
+        # The heartbeats each node's groups read besides the evidence's, one list per node.
+        read: list[list[Mapping[ConsumerName, Heartbeat]]] = [[] for _ in world.nodes]
         outcomes = await asyncio.gather(
-            *(self.node(node_reading) for node_reading in world.nodes), return_exceptions=True
+            *(self.node(nr, beats) for nr, beats in zip(world.nodes, read, strict=True)),
+            return_exceptions=True,
         )
         for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 world.go_on_without(self.topology, node_reading.node.name, outcome)
+        # What follows the moves judges the consumers that received entries on the heartbeats
+        # they were chosen on.
+        self.fleet = self.fleet.adding(
+            {c: b for node in read for part in node for c, b in part.items()}
+        )
+        self.evidence = self.fleet.evidence
         self.report.nodes_failed = sorted(world.failed)
         if self.metrics is not None:
             for node in world.failed:
@@ -218,7 +233,10 @@ class _Scan:
         with report.timing("measure"):
             await _measure(world, groups, self.fleet, self.topology, self.engine, settings.tenant)
 
-    async def node(self, node_reading: reading.NodeReading) -> None:
+    async def node(
+        self, node_reading: reading.NodeReading, read: list[Mapping[ConsumerName, Heartbeat]]
+    ) -> None:
+        """Plan and apply on one node's groups; the heartbeats its groups read go to `read`."""
         report = self.report
         for n, group in enumerate(node_reading.groups):
             report.groups += 1
@@ -226,14 +244,15 @@ class _Scan:
             if group.lag is not None:
                 report.lag = (report.lag or 0) + group.lag
             # Plan.
-            assessment = self._assess(group)
+            assessment = self._assess(group, self.fleet)
             if assessment.rules or assessment.left_degraded:
                 # Something moves: every consumer, each judged on its own heartbeat, is ranked
                 # as a target. The reading summed up the quiet ones: read the group in full.
                 if not group.complete:
                     group = node_reading.groups[n] = await _in_full(node_reading, group)
-                await self._load_heartbeats(group)
-                assessment = self._assess(group)
+                beats = await self._own_heartbeats(group)
+                read.append(beats)
+                assessment = self._assess(group, self.fleet.adding(beats))
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
                 r.reason == "degraded" for r in assessment.rules.values()
@@ -256,27 +275,25 @@ class _Scan:
             ):
                 report.add(outcome)
 
-    def _assess(self, group: GroupInfo) -> reclaim.GroupAssessment:
+    def _assess(self, group: GroupInfo, fleet: liveness.Fleet) -> reclaim.GroupAssessment:
         worn, progress, finished = self.work_evidence.of(group.stream, group.name)
         return reclaim.assess_group(
-            group, self.fleet, attempts=worn, progress=progress, finished=finished
+            group, fleet, attempts=worn, progress=progress, finished=finished
         )
 
-    async def _load_heartbeats(self, group: GroupInfo) -> None:
-        """The own heartbeats of the group's consumers the evidence lacks, added to it (the
-        targets of a group where something moves are judged on them)."""
+    async def _own_heartbeats(self, group: GroupInfo) -> Mapping[ConsumerName, Heartbeat]:
+        """The own heartbeats of the group's consumers that the evidence did not read (the
+        targets of a group where something moves are judged on them, rule 5 of
+        docs/rules.md). Read for this group alone: a consumer of two such groups is read twice
+        rather than shared between groups judged side by side."""
         if self.loaded is None:
-            return
+            return {}
         missing = [c.name for c in group.consumers if c.name not in self.loaded]
         if not missing:
-            return
-        found = await queries.own_heartbeats(
+            return {}
+        return await queries.own_heartbeats(
             self.engine, tenant=self.settings.tenant, consumers=missing
         )
-        beats = self.evidence.consumer_heartbeats
-        assert isinstance(beats, dict)  # `load_evidence` builds a dict: extended in place
-        beats.update(found)
-        self.loaded.update(missing)
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
         applier = effects.for_group(
