@@ -6,7 +6,7 @@ watch and the leader election. Builds and connects; decides nothing itself."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -20,7 +20,6 @@ from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.api import errors, heartbeat_lane
 from rig_conductor.api.routes import deadletters, events, health, operator, views, work
-from rig_conductor.domain import ConsumerName, PodState
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import leader
 from rig_conductor.reaper.pods import PodEvidence
@@ -138,8 +137,7 @@ class _Parts:
             engine=self.engine,
             settings=settings,
             metrics=metrics,
-            pods=pods.liveness if pods else None,
-            tracker=pods.tracker if pods else None,
+            pods=pods,
             elector=self.elector,
         )
         if pods is not None:
@@ -158,17 +156,9 @@ class _Parts:
             measure=self.reaper.measure,
             topology=self.topology,
             tokens=tokens,
-            pods=self.pods.tracker.states if self.pods else None,
-            pod_list=self._pod_list if self.pods else None,
+            pods=self.pods,
             refusal_log=refusal_log,
         )
-
-    async def _pod_list(self) -> tuple[Mapping[ConsumerName, PodState], bool]:
-        """The pods as a scan lists them, for a move by hand: its target is judged by rule 5
-        on the scan's own evidence, a consumer missing from the list included."""
-        assert self.pods is not None
-        states = await self.pods.liveness.scan()
-        return states, self.pods.liveness.listed
 
     async def start(self) -> None:
         self.heartbeats.start()

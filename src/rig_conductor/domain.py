@@ -9,10 +9,11 @@ import enum
 import posixpath
 import re
 import unicodedata
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import NamedTuple, NewType
+from types import MappingProxyType
+from typing import Generic, NamedTuple, NewType, TypeVar, overload
 
 StreamKey = NewType("StreamKey", str)
 GroupName = NewType("GroupName", str)
@@ -91,6 +92,25 @@ class PodState(enum.Enum):
     MISSING = "missing"
     # No answer, a failed call, or no Kubernetes at all. Never treated as gone.
     UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Pods:
+    """What Kubernetes said about the pods consumers are named after, as one answer: each pod's
+    state, and whether they come from a successful list (then a pod they do not name is
+    MISSING: no reclaim target unless it heartbeats by its own name, rule 5 of docs/rules.md)."""
+
+    states: Mapping[ConsumerName, PodState] = field(default_factory=dict)
+    listed: bool = False
+
+    @property
+    def default(self) -> PodState:
+        """The state of a pod `states` does not name."""
+        return PodState.MISSING if self.listed else PodState.UNKNOWN
+
+    def adding(self, states: Mapping[ConsumerName, PodState]) -> Pods:
+        """This answer with the states of more pods (looked up by name) over it."""
+        return Pods({**self.states, **states}, self.listed) if states else self
 
 
 class EventKind(enum.StrEnum):
@@ -235,6 +255,50 @@ class Span:
 MoveKey = tuple[StreamKey, GroupName, ConsumerName]
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_T = TypeVar("_T")
+
+
+class Layered(Mapping[_K, _V], Generic[_K, _V]):
+    """`top` read over `base`, read-only: a few entries added to a large mapping without copying
+    it (a lookup costs two at most)."""
+
+    __slots__ = ("_base", "_top")
+
+    def __init__(self, top: Mapping[_K, _V], base: Mapping[_K, _V]) -> None:
+        self._top = top
+        self._base = base
+
+    def __getitem__(self, key: _K) -> _V:
+        try:
+            return self._top[key]
+        except KeyError:
+            return self._base[key]
+
+    @overload
+    def get(self, key: _K, /) -> _V | None: ...
+    @overload
+    def get(self, key: _K, default: _V | _T, /) -> _V | _T: ...
+    def get(self, key: _K, default: object = None, /) -> object:
+        # Called for every consumer a scan judges: no exception for the common miss.
+        found = self._top.get(key, _ABSENT)
+        return self._base.get(key, default) if found is _ABSENT else found
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._top or key in self._base
+
+    def __iter__(self) -> Iterator[_K]:
+        yield from self._top
+        yield from (key for key in self._base if key not in self._top)
+
+    def __len__(self) -> int:
+        return len(self._top) + sum(1 for key in self._base if key not in self._top)
+
+
+_ABSENT = object()
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """Everything a scan knows about who is alive, read at one instant `now`.
@@ -259,8 +323,25 @@ class Evidence:
     # When the reading of Redis (the idle times) began, on the same clock; None: `now`.
     read_at: datetime | None = None
 
+    def __post_init__(self) -> None:
+        # Frozen in fact, not only in its fields: the scan's groups are judged side by side on
+        # one evidence, so no mapping of it may change under them. A mutable one is wrapped
+        # (not copied: a scan's holds a heartbeat per consumer).
+        for name in ("agent_heartbeats", "consumer_heartbeats", "pods", "moved_to"):
+            value = getattr(self, name)
+            if isinstance(value, MutableMapping):
+                object.__setattr__(self, name, MappingProxyType(value))
+
     def pod(self, consumer: ConsumerName) -> PodState:
         return self.pods.get(consumer, self.pods_default)
+
+    def adding(self, consumer_heartbeats: Mapping[ConsumerName, Heartbeat]) -> Evidence:
+        """This evidence with more consumers' own heartbeats (read since), itself unchanged: the
+        new ones are laid over its own, not copied into them."""
+        if not consumer_heartbeats:
+            return self
+        beats = Layered(MappingProxyType(dict(consumer_heartbeats)), self.consumer_heartbeats)
+        return replace(self, consumer_heartbeats=beats)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +16,9 @@ from rig_conductor import lograte, roles
 from rig_conductor.adapters.postgres import queries, registrations
 from rig_conductor.adapters.postgres.heartbeat_writer import HeartbeatWriter
 from rig_conductor.adapters.redis.client import AnyRedis, Topology
-from rig_conductor.domain import AgentId, ConsumerName, PodState
+from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.metrics import Metrics
+from rig_conductor.operations.evidence import PodSource
 from rig_conductor.operations.registrations import ConsumerLimit
 from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.scan_report import ScanReport
@@ -44,11 +45,9 @@ class Runtime:
     # The servers holding streams (each primary of a cluster), for views that read them all.
     topology: Topology | None = None
     tokens: roles.Tokens | None = None
-    # What Kubernetes last said about each pod (= consumer); None with Kubernetes off.
-    pods: Callable[[], Mapping[ConsumerName, PodState]] | None = None
-    # A fresh pod list, as a scan takes it: each pod's state, and whether the list succeeded
-    # (then a pod it does not name is missing). None with Kubernetes off.
-    pod_list: Callable[[], Awaitable[tuple[Mapping[ConsumerName, PodState], bool]]] | None = None
+    # What Kubernetes says about the pods consumers are named after, the scan's own source of
+    # it (`operations.evidence`); None with Kubernetes off.
+    pods: PodSource | None = None
     # Lines about refused requests, at a bounded rate (the app's, shared with its middleware).
     refusal_log: lograte.RateLimitedLog = field(default_factory=lograte.RateLimitedLog)
     # The agents consumer names resolve against when a bound credential speaks.

@@ -16,7 +16,7 @@ from rig_conductor import logs
 from rig_conductor.adapters.postgres import engine as pg
 from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.domain import AgentId, ConsumerName, PodState
+from rig_conductor.domain import AgentId, ConsumerName, Evidence, Heartbeat, Pods, PodState
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests import redis_kit
@@ -120,6 +120,47 @@ async def test_a_consumer_silent_by_its_own_heartbeat_is_no_target(
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert report.reclaimed == 3
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
+
+
+async def test_groups_judged_on_heartbeats_of_their_own_leave_the_scan_evidence_unchanged(
+    redis: Redis, engine: AsyncEngine, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two groups where something moves, each with a target alive by its own heartbeat only
+    (every pod missing from a successful list: rule 5, docs/rules.md). The scan reads those
+    heartbeats for each group apart: both are judged right, and the evidence the scan began
+    with is read-only and ends as it began."""
+    built: list[Evidence] = []
+    load = cycle.built.load
+
+    async def kept(*args: Any, **kwargs: Any) -> Evidence:
+        built.append(await load(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(cycle.built, "load", kept)
+    owner, stranger = "review-e-codex-rig-agent-runtime-0", "review-e-rig-agent-runtime-9"
+    targets = {
+        "assignments:a": "review-e-rig-agent-runtime-1",
+        "assignments:b": "review-e-rig-agent-runtime-2",
+    }
+    held = {}
+    for stream, target in targets.items():
+        await fill(redis, stream, G, 2)
+        held[stream] = await read(redis, stream, G, owner, 2)
+        await register(redis, stream, G, target)
+        await register(redis, stream, G, stranger)  # fresh by idle, but no pod, no own heartbeat
+        await beat(engine, "review-e", target)
+        await idle_at_least(redis, stream, G, STALE_MS)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, pods=Pods({}, listed=True)
+    )
+    assert (report.reclaimed, report.no_target) == (4, 0)
+    for stream, target in targets.items():
+        assert await owners(redis, stream, G) == dict.fromkeys(held[stream], target)
+    [evidence] = built
+    beats = evidence.consumer_heartbeats
+    assert beats == {}  # the holders' own heartbeats only: the owner has none
+    with pytest.raises(TypeError):
+        beats[ConsumerName(targets["assignments:a"])] = Heartbeat(evidence.now)  # type: ignore[index]
 
 
 async def test_the_only_target_beyond_the_quiet_consumers_the_scan_summed_up(
@@ -234,8 +275,8 @@ async def test_pod_gone_moves_entries_before_they_are_stale(
     await beat(engine, "review-e", "review-e-rig-agent-runtime-1")
     await read(redis, S, G, "review-e-rig-agent-runtime-1", 2)
     await register(redis, S, G, "review-e-rig-agent-runtime-0")
-    gone = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE}
-    unknown = {ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN}
+    gone = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE})
+    unknown = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN})
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=unknown)
     assert report.reclaimed == 0
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=gone)

@@ -20,7 +20,7 @@ from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.app import create_app
-from rig_conductor.domain import AgentId, ConsumerName, StreamKey
+from rig_conductor.domain import AgentId, ConsumerName, Pods, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests.integration.console_kit import OPERATOR, client_of, sign_in
@@ -85,6 +85,41 @@ async def test_streams_on_every_primary_are_found_and_reclaimed(
     assert report.nodes_failed == [] and report.no_target == 0
     for stream in STREAMS:
         assert await owners(cluster_client, stream, G) == dict.fromkeys(held[stream], LIVE)
+
+
+async def test_groups_on_different_primaries_are_judged_on_heartbeats_of_their_own(
+    cluster_client: RedisCluster,
+    cluster_env: dict[str, str],
+    engine: AsyncEngine,
+    settings_for: Callable[..., Settings],
+) -> None:
+    """Groups on every primary, judged side by side, each with its own target alive by its own
+    heartbeat only (every pod missing from a successful list: rule 5, docs/rules.md): each
+    group reads that heartbeat for itself, and every entry goes to its own group's target."""
+    await cluster_client.initialize()
+    targets = {stream: f"live-pod-{n}" for n, stream in enumerate(STREAMS)}
+    held = {}
+    for stream, target in targets.items():
+        await fill(cluster_client, stream, G, PER_STREAM)
+        held[stream] = await read(cluster_client, stream, G, DEAD, PER_STREAM)
+        await register(cluster_client, stream, G, target)
+    await intake.record_heartbeats(
+        engine,
+        tenant="default",
+        heartbeats=[intake.HeartbeatIn(AgentId("live"), ConsumerName(t)) for t in targets.values()],
+    )
+    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    settings = reaper_settings(settings_for, cluster_env)
+    topology = Topology(cluster_client, settings)
+    try:
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, pods=Pods({}, listed=True)
+        )
+    finally:
+        await topology.aclose()
+    assert (report.reclaimed, report.no_target) == (9 * PER_STREAM, 0)
+    for stream, target in targets.items():
+        assert await owners(cluster_client, stream, G) == dict.fromkeys(held[stream], target)
 
 
 async def test_dead_letters_go_to_a_stream_in_the_same_slot_and_requeue_there(

@@ -28,7 +28,7 @@ from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import reading as redis_reading
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 from rig_conductor.effects import applier as effects
-from rig_conductor.operations import views
+from rig_conductor.operations import evidence as built
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet, TargetCandidate
 from rig_conductor.runtime import Runtime
@@ -217,7 +217,8 @@ async def _check_target(
     if info is None:
         raise MoveRefused(f"{target!r} is not a consumer of {stream}/{group}")
     names = [c.name for c in found.consumers]  # the group's own: not every heartbeat row
-    fleet = Fleet(await views.move_evidence(rt, consumers=names), rt.settings.limits)
+    known = await built.for_move(rt.engine, rt.settings, rt.pods, consumers=names)
+    fleet = Fleet(known, rt.settings.limits)
     candidate = fleet.target(info, stream=stream, group=found.name)
     if candidate is None:
         raise MoveRefused(f"{target!r} is not live: it may not receive entries")

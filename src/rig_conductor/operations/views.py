@@ -29,6 +29,7 @@ from rig_conductor.domain import (
     GroupName,
     StreamKey,
 )
+from rig_conductor.operations import evidence as built
 from rig_conductor.policy import measure, reclaim
 from rig_conductor.policy.liveness import Fleet, age_ms
 from rig_conductor.runtime import Runtime
@@ -45,7 +46,7 @@ class ConsumerRow:
     name: str
     agent: str | None
     heartbeat_age_ms: int | None
-    pod: str  # live, gone, absent, unknown (or "-" with Kubernetes off)
+    pod: str  # a PodState value: live, gone, absent, missing, unknown ("-": Kubernetes off)
     idle_ms: int
     pending: int
     down_reasons: tuple[str, ...]
@@ -96,34 +97,11 @@ def known_stream(settings: Settings, name: str) -> bool:
     )
 
 
-async def evidence(rt: Runtime, *, consumers: Collection[str] | None = None) -> Evidence:
-    """The reaper's evidence; with `consumers`, their own heartbeats only (a group's view)."""
-    return await queries.load_evidence(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        configured_agents=rt.settings.known_agents,
-        down_ms=rt.settings.agent_down_ms,
-        pods=rt.pods() if rt.pods is not None else None,
-        consumers=consumers,
-    )
-
-
-async def move_evidence(rt: Runtime, *, consumers: Collection[str]) -> Evidence:
-    """The evidence a move by hand judges its target on (reaper rule 5): the scan's own, with
-    a fresh pod list, so a consumer whose pod is missing from it is no target unless it
-    heartbeats by its own name."""
-    if rt.pod_list is None:
-        return await evidence(rt, consumers=consumers)
-    pods, listed = await rt.pod_list()
-    return await queries.load_evidence(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        configured_agents=rt.settings.known_agents,
-        down_ms=rt.settings.agent_down_ms,
-        pods=pods,
-        pods_listed=listed,
-        consumers=consumers,
-    )
+async def evidence(rt: Runtime, *, consumers: Collection[str]) -> Evidence:
+    """The reaper's evidence for the views of `consumers` (their own heartbeats only), with what
+    Kubernetes said last: a page does not list the pods again."""
+    pods = rt.pods.known() if rt.pods is not None else None
+    return await built.load(rt.engine, rt.settings, pods=pods, consumers=consumers)
 
 
 async def agents(
@@ -236,10 +214,12 @@ async def move_choices(
     rt: Runtime, *, stream: str, name: str, consumer: str
 ) -> tuple[GroupInfo, ConsumerRow | None, list[MoveTarget]]:
     """One group read live, `consumer` judged, and the consumers its entries may move to by
-    hand (rule 5, best ranked first); LookupError when there is no such group. Only `consumer`
-    gets a whole row: a group of thousands costs a target check each, not a page's rows."""
+    hand (rule 5, best ranked first, on the evidence the move itself checks them on);
+    LookupError when there is no such group. Only `consumer` gets a whole row: a group of
+    thousands costs a target check each, not a page's rows."""
     found = await _read_group(rt, stream=stream, name=name)
-    known = await evidence(rt, consumers=[c.name for c in found.consumers])
+    names = [c.name for c in found.consumers]
+    known = await built.for_move(rt.engine, rt.settings, rt.pods, consumers=names)
     fleet = Fleet(known, rt.settings.limits)
     mine = tuple(c for c in found.consumers if c.name == consumer)
     owner = next(iter(consumer_rows(replace(found, consumers=mine), known, rt)), None)

@@ -5,7 +5,9 @@ Pure: stdlib and domain only. Every age is measured against `evidence.now`.
 
 from __future__ import annotations
 
+import copy
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -99,6 +101,20 @@ class Fleet:
         self._index = AgentIndex(evidence.known_agents)
         self._agent_of: dict[ConsumerName, AgentId | None] = {}
         self._agent_up: dict[AgentId, bool] = {}
+
+    def adding(self, consumer_heartbeats: Mapping[ConsumerName, Heartbeat]) -> Fleet:
+        """The fleet judged on its evidence with more consumers' own heartbeats
+        (`Evidence.adding`), this one unchanged: a group read in full is judged on the heartbeats
+        of all its consumers without touching what the other groups are judged on. Only the
+        consumers' own heartbeats differ, so the agents and blind spells are not worked out
+        again."""
+        if not consumer_heartbeats:
+            return self
+        fleet = copy.copy(self)
+        fleet.evidence = self.evidence.adding(consumer_heartbeats)
+        fleet._agent_of = {}
+        fleet._agent_up = {}
+        return fleet
 
     @property
     def blind_ms(self) -> int:

@@ -13,7 +13,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence, Set
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -29,8 +29,18 @@ from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import reading
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis.client import Topology
-from rig_conductor.domain import ConsumerName, Evidence, GroupInfo, Limits, PodState, StreamKey
+from rig_conductor.domain import (
+    ConsumerName,
+    Evidence,
+    GroupInfo,
+    Heartbeat,
+    Limits,
+    Pods,
+    PodState,
+    StreamKey,
+)
 from rig_conductor.effects import applier as effects
+from rig_conductor.operations import evidence as built
 from rig_conductor.policy import liveness, measure, reclaim, registry
 from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
 from rig_conductor.scan_report import GroupOutcome, ScanReport
@@ -54,8 +64,7 @@ async def reap_once(
     engine: AsyncEngine,
     settings: Settings,
     dry_run: bool | None = None,
-    pods: Mapping[ConsumerName, PodState] | None = None,
-    pods_listed: bool = False,
+    pods: Pods | None = None,
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
     probe: Probe | None = None,
@@ -68,8 +77,8 @@ async def reap_once(
     `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
     `probe`, consumers holding entries that `pods` says nothing about are looked up by name
-    (`pods_listed`: `pods` come from a successful list, so a pod they do not name is missing);
-    with `hygiene`, consumers whose pod is gone and that hold nothing are deleted.
+    (with `pods` from a successful list, a pod they do not name is missing); with `hygiene`,
+    consumers whose pod is gone and that hold nothing are deleted.
     """
     started = time.perf_counter()
     report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
@@ -84,26 +93,20 @@ async def reap_once(
         world = await reading.read(topology, settings.streams, others=others)
     if probe is not None:
         with report.timing("pods"):
-            pods = {**(pods or {}), **await probe(_unexplained(world.groups, pods or {}))}
+            pods = pods or Pods()
+            pods = pods.adding(await probe(_unexplained(world.groups, pods.states)))
+    # Consumer hygiene acts on what Kubernetes answered: nothing after a failed list.
+    tidy = hygiene and pods is not None and bool(pods.states)
     # The consumers' own heartbeats of the consumers holding entries only: every other one is
     # looked up only in a group where something moves (`_Scan.node`). With consumer hygiene on
     # (Kubernetes), every one: a consumer that holds nothing may be removed.
-    holders = None if hygiene and pods else _holders(world.groups)
+    holders = None if tidy else _holders(world.groups)
     with report.timing("evidence"):
-        evidence = await queries.load_evidence(
-            engine,
-            tenant=settings.tenant,
-            configured_agents=settings.known_agents,
-            down_ms=settings.agent_down_ms,
-            pods=pods,
-            pods_listed=pods_listed,
-            read_at=read_at,
-            consumers=holders,
-        )
+        evidence = await built.load(engine, settings, pods=pods, consumers=holders, read_at=read_at)
         work_evidence = await _work_evidence(engine, settings, world.streams)
     scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics, holders)
     await scan.every_node(world)  # plan and apply
-    await scan.after(world, detector=detector, hygiene=hygiene and bool(pods))  # report
+    await scan.after(world, detector=detector, hygiene=tidy)  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
     if not isinstance(redis, Topology):
         await topology.aclose()
@@ -147,7 +150,12 @@ async def _redispatch(
 
 
 class _Scan:
-    """The plan-and-apply step of one scan, run on each node's groups, and what follows it."""
+    """The plan-and-apply step of one scan, run on each node's groups, and what follows it.
+
+    The groups of the nodes are judged side by side on one evidence, which nothing changes: a
+    group judged on more heartbeats is judged on a fleet of its own (`Fleet.adding`), and what
+    follows the moves on the evidence with every heartbeat the groups read.
+    """
 
     def __init__(
         self,
@@ -158,7 +166,7 @@ class _Scan:
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None,
-        loaded: set[ConsumerName] | None,
+        loaded: Set[ConsumerName] | None,
     ) -> None:
         self.report = report
         self.evidence = evidence
@@ -176,12 +184,21 @@ class _Scan:
         """Plan and apply on every node at once; a node that fails is left out on a cluster
         (`Reading.go_on_without`), and counted."""
         self.report.streams = len(world.streams)
+        # The heartbeats each node's groups read besides the evidence's, one list per node.
+        read: list[list[Mapping[ConsumerName, Heartbeat]]] = [[] for _ in world.nodes]
         outcomes = await asyncio.gather(
-            *(self.node(node_reading) for node_reading in world.nodes), return_exceptions=True
+            *(self.node(nr, beats) for nr, beats in zip(world.nodes, read, strict=True)),
+            return_exceptions=True,
         )
         for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 world.go_on_without(self.topology, node_reading.node.name, outcome)
+        # What follows the moves judges the consumers that received entries on the heartbeats
+        # they were chosen on.
+        self.fleet = self.fleet.adding(
+            {c: b for node in read for part in node for c, b in part.items()}
+        )
+        self.evidence = self.fleet.evidence
         self.report.nodes_failed = sorted(world.failed)
         if self.metrics is not None:
             for node in world.failed:
@@ -216,7 +233,10 @@ class _Scan:
         with report.timing("measure"):
             await _measure(world, groups, self.fleet, self.topology, self.engine, settings.tenant)
 
-    async def node(self, node_reading: reading.NodeReading) -> None:
+    async def node(
+        self, node_reading: reading.NodeReading, read: list[Mapping[ConsumerName, Heartbeat]]
+    ) -> None:
+        """Plan and apply on one node's groups; the heartbeats its groups read go to `read`."""
         report = self.report
         for n, group in enumerate(node_reading.groups):
             report.groups += 1
@@ -224,14 +244,15 @@ class _Scan:
             if group.lag is not None:
                 report.lag = (report.lag or 0) + group.lag
             # Plan.
-            assessment = self._assess(group)
+            assessment = self._assess(group, self.fleet)
             if assessment.rules or assessment.left_degraded:
                 # Something moves: every consumer, each judged on its own heartbeat, is ranked
                 # as a target. The reading summed up the quiet ones: read the group in full.
                 if not group.complete:
                     group = node_reading.groups[n] = await _in_full(node_reading, group)
-                await self._load_heartbeats(group)
-                assessment = self._assess(group)
+                beats = await self._own_heartbeats(group)
+                read.append(beats)
+                assessment = self._assess(group, self.fleet.adding(beats))
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
                 r.reason == "degraded" for r in assessment.rules.values()
@@ -254,27 +275,25 @@ class _Scan:
             ):
                 report.add(outcome)
 
-    def _assess(self, group: GroupInfo) -> reclaim.GroupAssessment:
+    def _assess(self, group: GroupInfo, fleet: liveness.Fleet) -> reclaim.GroupAssessment:
         worn, progress, finished = self.work_evidence.of(group.stream, group.name)
         return reclaim.assess_group(
-            group, self.fleet, attempts=worn, progress=progress, finished=finished
+            group, fleet, attempts=worn, progress=progress, finished=finished
         )
 
-    async def _load_heartbeats(self, group: GroupInfo) -> None:
-        """The own heartbeats of the group's consumers the evidence lacks, added to it (the
-        targets of a group where something moves are judged on them)."""
+    async def _own_heartbeats(self, group: GroupInfo) -> Mapping[ConsumerName, Heartbeat]:
+        """The own heartbeats of the group's consumers that the evidence did not read (the
+        targets of a group where something moves are judged on them, rule 5 of
+        docs/rules.md). Read for this group alone: a consumer of two such groups is read twice
+        rather than shared between groups judged side by side."""
         if self.loaded is None:
-            return
+            return {}
         missing = [c.name for c in group.consumers if c.name not in self.loaded]
         if not missing:
-            return
-        found = await queries.own_heartbeats(
+            return {}
+        return await queries.own_heartbeats(
             self.engine, tenant=self.settings.tenant, consumers=missing
         )
-        beats = self.evidence.consumer_heartbeats
-        assert isinstance(beats, dict)  # `load_evidence` builds a dict: extended in place
-        beats.update(found)
-        self.loaded.update(missing)
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
         applier = effects.for_group(

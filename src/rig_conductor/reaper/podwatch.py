@@ -2,9 +2,9 @@
 
 - `PodTracker` remembers, in memory, every pod this process has positively seen in the
   namespace + label selector, and turns list and watch answers into PodState per pod name.
-- `PodLiveness.scan()` lists the pods for one reaper scan and returns the `pods` mapping that
-  `cycle.reap_once` takes. A failed, forbidden or timed-out list returns an empty mapping:
-  UNKNOWN for every consumer, never GONE, so a failed call cannot cause a mass reclaim.
+- `PodLiveness.scan()` lists the pods for one reaper scan and returns the `Pods` answer that
+  `cycle.reap_once` takes. A failed, forbidden or timed-out list returns an empty, unlisted
+  answer: UNKNOWN for every consumer, never GONE, so a failed call cannot cause a mass reclaim.
 - `PodWatch` watches the same pods in a worker thread and calls `on_gone(pod_name)` on the event
   loop as soon as a pod is deleted or finishes, for a targeted reclaim between scans.
 
@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters import kubernetes
 from rig_conductor.adapters.postgres import pods as pods_seen
-from rig_conductor.domain import ConsumerName, PodName, PodState
+from rig_conductor.domain import ConsumerName, PodName, Pods, PodState
 from rig_conductor.policy import pods
 from rig_conductor.settings import Settings
 
@@ -177,8 +177,10 @@ class PodLiveness:
         """Whether the last list succeeded: then a pod it did not show is missing."""
         return self._listed is not None
 
-    async def scan(self) -> Mapping[ConsumerName, PodState]:
-        """The `pods` argument for `cycle.reap_once`; empty (all UNKNOWN) when the list fails."""
+    async def scan(self) -> Pods:
+        """The `pods` argument for `cycle.reap_once`: the states of the pods and whether the
+        list succeeded, as one answer (a scan running beside this one cannot change it); empty
+        and unlisted (all UNKNOWN) when the list fails."""
         since = self.tracker.mark()
         try:
             listing = await asyncio.to_thread(
@@ -195,7 +197,7 @@ class PodLiveness:
                 exc,
             )
             self._listed = None
-            return {}
+            return Pods()
         self.tracker.apply_listing(listing, since=since)
         self._listed = frozenset(pod.name for pod in listing.pods)
         for name in self._listed.intersection(self._absent):
@@ -207,7 +209,7 @@ class PodLiveness:
         states = self.tracker.states()
         for name in self._absent:
             states.setdefault(ConsumerName(name), PodState.ABSENT)
-        return states
+        return Pods(states, listed=True)
 
     async def probe(self, consumers: Sequence[ConsumerName]) -> dict[ConsumerName, PodState]:
         """Pod states for consumers the last successful list did not show (at most

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
@@ -34,9 +34,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres import history, listening, move_targets, queries
 from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.redis.client import Topology
-from rig_conductor.domain import ConsumerName, NotLeading, PodName, PodState
+from rig_conductor.domain import NotLeading, PodName, Pods
 from rig_conductor.metrics import Metrics
-from rig_conductor.reaper import coalesce, cycle, leader, observe, podwatch
+from rig_conductor.reaper import coalesce, cycle, leader, observe
+from rig_conductor.reaper.pods import PodEvidence
 from rig_conductor.scan_report import ScanReport
 from rig_conductor.settings import Settings
 
@@ -53,8 +54,7 @@ class ReaperService:
         engine: AsyncEngine,
         settings: Settings,
         metrics: Metrics | None = None,
-        pods: podwatch.PodLiveness | None = None,
-        tracker: podwatch.PodTracker | None = None,
+        pods: PodEvidence | None = None,
         elector: leader.Elector | None = None,
     ) -> None:
         self._redis = redis
@@ -62,7 +62,6 @@ class ReaperService:
         self._settings = settings
         self._metrics = metrics
         self._pods = pods
-        self._tracker = tracker
         self._elector = elector
         self._detector = observe.Detector()
         self._lock = asyncio.Lock()  # the scans that may change things: one at a time
@@ -144,7 +143,7 @@ class ReaperService:
         self,
         *,
         dry_run: bool | None = None,
-        pods: Mapping[ConsumerName, PodState] | None = None,
+        pods: Pods | None = None,
         remember: bool = True,
     ) -> cycle.ScanReport:
         """One scan now, after any scan already running that may change things. Raises what the
@@ -160,20 +159,19 @@ class ReaperService:
         self,
         *,
         dry_run: bool | None,
-        pods: Mapping[ConsumerName, PodState] | None,
+        pods: Pods | None,
         remember: bool,
     ) -> cycle.ScanReport:
         started = time.perf_counter()
         try:
             if pods is None and self._pods is not None:
-                pods = await self._pods.scan()
+                pods = await self._pods.listing()
             report = await cycle.reap_once(
                 redis=self._redis,
                 engine=self._engine,
                 settings=self._settings,
                 dry_run=dry_run,
                 pods=pods,
-                pods_listed=self._pods is not None and self._pods.listed,
                 probe=self._pods.probe if self._pods is not None else None,
                 hygiene=self._pods is not None,
                 metrics=self._metrics,
@@ -227,11 +225,11 @@ class ReaperService:
 
     async def on_pod_gone(self, pod: PodName) -> None:
         """The watch saw a consumer's pod deleted or finished: reclaim now, not next scan."""
-        if not self.leading or self._tracker is None:
+        if not self.leading or self._pods is None:
             return
         logger.info("Pod %s is gone: scanning now", pod)
         try:
-            await self.scan(pods=self._tracker.states())
+            await self.scan(pods=self._pods.known())
         except Exception as exc:
             self.failed_scans += 1
             logger.error("Scan after pod %s went failed: %s", pod, cycle.describe_failure(exc))

@@ -60,7 +60,7 @@ async def test_kubeconfig_outside_a_cluster(
     assert api is not None
     try:
         pods = podwatch.PodLiveness(api=api, namespace="agents", label_selector="")
-        assert set(await pods.scan()) == {"a-0"}
+        assert set((await pods.scan()).states) == {"a-0"}
     finally:
         api.close()
     assert config.read_text().count("not-a-real-token") == 1  # never written back

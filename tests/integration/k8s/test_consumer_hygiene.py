@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client
@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.adapters.redis import streams as redis_streams
-from rig_conductor.domain import AgentId, ConsumerName, GroupName, PodState, StreamKey
+from rig_conductor.domain import AgentId, ConsumerName, GroupName, Pods, StreamKey
 from rig_conductor.policy.hygiene import ConsumerRemoval
 from rig_conductor.reaper.cleanup import delete_consumers, remove_consumers
 from rig_conductor.reaper.podwatch import PodLiveness
@@ -48,7 +48,7 @@ async def sweep(
     redis: Redis,
     engine: AsyncEngine,
     settings: Settings,
-    pods: Mapping[ConsumerName, PodState],
+    pods: Pods,
     dry_run: bool = False,
 ) -> list[ConsumerRemoval]:
     """The clean-up as a scan runs it: on the scan's reading of the groups and evidence."""
@@ -116,7 +116,7 @@ async def test_a_failed_pod_list_deletes_nothing(
     pods = await scene(redis, engine, kube, api)
     kube.inject(Fault("pods-list", status=403))
     evidence = await pods.scan()
-    assert evidence == {}
+    assert evidence == Pods()
     assert await sweep(redis, engine, settings, evidence) == []
     assert SCALED_DOWN in await consumers(redis)
 

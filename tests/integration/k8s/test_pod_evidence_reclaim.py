@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake
-from rig_conductor.domain import AgentId, ConsumerName, PodState
+from rig_conductor.domain import AgentId, ConsumerName, Pods, PodState
 from rig_conductor.reaper import cycle
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
@@ -59,7 +59,7 @@ async def scene(
     )
     for name in (OWNER, PEER):
         kube.add_pod(name, namespace="agents", labels=LABELS)
-    assert dict(await pods.scan()) == {OWNER: PodState.LIVE, PEER: PodState.LIVE}
+    assert dict((await pods.scan()).states) == {OWNER: PodState.LIVE, PEER: PodState.LIVE}
     return ids
 
 
@@ -82,7 +82,7 @@ async def test_a_gone_pod_frees_its_entries_at_once(
     pods = pod_liveness(api, settings)
     ids = await scene(redis, engine, kube, pods)
     live = await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, pods=pods.tracker.states()
+        redis=redis, engine=engine, settings=settings, pods=Pods(pods.tracker.states())
     )
     assert live.reclaimed == 0
 
@@ -123,6 +123,6 @@ async def test_a_failed_pod_list_reclaims_nothing(
     evidence = await pods.scan()
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=evidence)
 
-    assert evidence == {}
+    assert evidence == Pods()
     assert (report.reclaimed, report.consumers_down, report.no_target) == (0, 0, 0)
     assert await owners(redis, S, G) == dict.fromkeys(ids, OWNER)

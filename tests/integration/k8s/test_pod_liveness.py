@@ -34,10 +34,10 @@ async def test_pod_states_by_phase_and_memory(kube: KubeStandIn, api: client.Api
     kube.add_pod("other-ns-0", namespace="default", labels=AGENTS)
     pods = liveness(api)
 
-    first = await pods.scan()
+    first = (await pods.scan()).states
     kube.terminate("terminating-0", namespace="agents")
     kube.delete("deleted-0", namespace="agents")
-    second = await pods.scan()
+    second = (await pods.scan()).states
 
     assert first[ConsumerName("deleted-0")] is PodState.LIVE
     assert dict(second) == {
@@ -58,9 +58,9 @@ async def test_a_consumer_never_seen_as_a_pod_stays_unknown(
     kube: KubeStandIn, api: client.ApiClient
 ) -> None:
     pods = liveness(api)
-    assert await pods.scan() == {}
+    assert (await pods.scan()).states == {}
     kube.add_pod("late-0", namespace="agents", labels=AGENTS)
-    assert (await pods.scan())[ConsumerName("late-0")] is PodState.LIVE
+    assert (await pods.scan()).states[ConsumerName("late-0")] is PodState.LIVE
 
 
 @pytest.mark.parametrize(
@@ -79,15 +79,15 @@ async def test_a_failed_list_is_unknown_for_everyone(
     kube.add_pod("a-0", namespace="agents", labels=AGENTS)
     kube.add_pod("b-0", namespace="agents", labels=AGENTS)
     pods = liveness(api)
-    assert set(await pods.scan()) == {"a-0", "b-0"}
+    assert set((await pods.scan()).states) == {"a-0", "b-0"}
     kube.delete("a-0", namespace="agents")
     kube.delete("b-0", namespace="agents")
     kube.inject(fault)
 
-    assert await pods.scan() == {}  # not GONE for a-0 and b-0: nobody knows
+    assert (await pods.scan()).states == {}  # not GONE for a-0 and b-0: nobody knows
     assert "pod evidence is unknown for this scan" in caplog.text
     # The next good list reports what really happened.
-    assert dict(await pods.scan()) == {"a-0": PodState.GONE, "b-0": PodState.GONE}
+    assert dict((await pods.scan()).states) == {"a-0": PodState.GONE, "b-0": PodState.GONE}
 
 
 async def test_a_failure_carries_the_http_status(kube: KubeStandIn, api: client.ApiClient) -> None:

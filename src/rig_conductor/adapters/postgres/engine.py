@@ -13,13 +13,16 @@ passes `NO_PREPARE`.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeAlias
 
 import sqlalchemy
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+
+# The database as the layers above the adapters name it, without importing its driver.
+Engine: TypeAlias = AsyncEngine
 
 # The newest revision in migrations/versions: what this release needs. A test checks that
 # alembic's head is this revision, so a new migration cannot ship without it.

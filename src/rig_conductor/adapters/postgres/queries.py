@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -13,7 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import listening, move_targets
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, consumer_heartbeats, events
-from rig_conductor.domain import AgentId, ConsumerName, EventKind, Evidence, Heartbeat, PodState
+from rig_conductor.domain import (
+    AgentId,
+    ConsumerName,
+    EventKind,
+    Evidence,
+    Heartbeat,
+    Pods,
+    PodState,
+)
 
 
 class EventRow(NamedTuple):
@@ -51,15 +59,14 @@ async def load_evidence(
     tenant: str,
     configured_agents: Iterable[str],
     down_ms: int,
-    pods: Mapping[ConsumerName, PodState] | None = None,
-    pods_listed: bool = False,
+    pods: Pods | None = None,
     read_at: datetime | None = None,
     consumers: Collection[str] | None = None,
 ) -> Evidence:
     """Heartbeats of the tenant, with PostgreSQL's `now()` as the instant they are judged at,
     the stretches in which conductors were listening, and the moves of the last `down_ms`.
 
-    `pods_listed`: `pods` come from a successful list, so a pod they do not name is MISSING.
+    `pods`: what Kubernetes said (None: nothing, every pod unknown).
     `read_at`: when the reading of Redis that the evidence goes with began (`clock`).
     `consumers`: only these consumers' own heartbeats (a view of one group), not every one.
     """
@@ -85,8 +92,8 @@ async def load_evidence(
         known_agents=frozenset(map(AgentId, configured_agents)) | agents.keys(),
         agent_heartbeats=agents,
         consumer_heartbeats=consumer_beats,
-        pods=pods or {},
-        pods_default=PodState.MISSING if pods_listed else PodState.UNKNOWN,
+        pods=pods.states if pods is not None else {},
+        pods_default=pods.default if pods is not None else PodState.UNKNOWN,
         heard=heard,
         moved_to=moved_to,
         read_at=read_at,
