@@ -453,22 +453,29 @@ def process(
 
 @contextlib.contextmanager
 def serving(
-    env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL
+    env: dict[str, str],
+    log: IO[bytes] | int = subprocess.DEVNULL,
+    command: Sequence[str] = (*COMMAND, "serve"),
 ) -> Iterator[tuple[str, int]]:
-    """`rig-conductor serve` on a free port, no scan for an hour: its base URL and pid."""
+    """`rig-conductor serve` (or `command`, which serves as it does) on a free port, no scan for
+    an hour: its base URL and pid."""
     port = free_port()
     env = {**env, "RIG_HTTP_HOST": "127.0.0.1", "RIG_HTTP_PORT": str(port)}
     env.setdefault("RIG_STARTUP_DELAY_S", "3600")
     env.setdefault("RIG_ALLOW_ANONYMOUS", "true")  # open unless `env` sets tokens
     url = f"http://127.0.0.1:{port}"
-    with process([*COMMAND, "serve"], env, f"{url}/readyz", log) as pid:
+    with process(command, env, f"{url}/readyz", log) as pid:
         yield url, pid
 
 
 @contextlib.contextmanager
-def serve(env: dict[str, str], log: IO[bytes] | int = subprocess.DEVNULL) -> Iterator[str]:
+def serve(
+    env: dict[str, str],
+    log: IO[bytes] | int = subprocess.DEVNULL,
+    command: Sequence[str] = (*COMMAND, "serve"),
+) -> Iterator[str]:
     """`serving`, its base URL only."""
-    with serving(env, log) as (url, _):
+    with serving(env, log, command) as (url, _):
         yield url
 
 

@@ -9,6 +9,7 @@ closed sends them: the conductor looks up every token and checks what it may spe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -18,11 +19,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import psycopg
 
 import harness
 from harness import BenchError
+from noop_app import SERVE_STACK, STACKS
 
 GOAL_RATIO, GOAL_P99_MS = 0.95, 25.0
 ROLES = ("review-e", "dev-e", "test-e", "docs-e", "ops-e", "qa-e", "sec-e", "perf-e", "arch-e")
@@ -139,6 +142,47 @@ class EventLog:
         return problems
 
 
+@dataclass(frozen=True)
+class Target:
+    """One server under load: what answers (`app`) on which server stack."""
+
+    app: str  # "floor", "no-op" or "conductor"
+    stack: str  # a key of noop_app.STACKS
+    url: str
+
+    def __str__(self) -> str:
+        return f"{self.app} on {self.stack}"
+
+
+APPS = {  # what each line serves
+    "floor": "raw ASGI: the body read, json.loads, 202",
+    "no-op": "FastAPI, the Event union parsed, 202, nothing stored",
+    "conductor": "rig-conductor serve, every 202 durable",
+}
+
+
+def start(
+    stack: str, env: dict[str, str], log: IO[bytes], servers: contextlib.ExitStack
+) -> list[Target]:
+    """The floor, the no-op and the conductor on `stack`, each a process of its own. The
+    conductor on serve's own stack is the command itself; on another, bench/serve_on.py."""
+    bench = Path(__file__).parent
+    targets = []
+    for app in ("floor", "noop"):
+        port = harness.free_port()
+        command = [sys.executable, str(bench / "noop_app.py"), "--port", str(port)]
+        command += ["--app", app, "--stack", stack]
+        url = f"http://127.0.0.1:{port}"
+        servers.enter_context(harness.process(command, env, f"{url}/healthz", log))
+        targets.append(Target("no-op" if app == "noop" else app, stack, f"{url}/api/events"))
+    if stack == SERVE_STACK:
+        command = [*harness.COMMAND, "serve"]
+    else:
+        command = [sys.executable, str(bench / "serve_on.py"), stack]
+    url = servers.enter_context(harness.serve(env, log, command))
+    return [*targets, Target("conductor", stack, f"{url}/api/events")]
+
+
 def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     script = tmp / "heartbeat.lua"
     script.write_text(  # JSON strings are Lua strings
@@ -146,44 +190,24 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     )
     log = EventLog(found.database_url)
     log.truncate()
-    port = harness.free_port()
-    noop_url = f"http://127.0.0.1:{port}"
-    noop_app = [sys.executable, str(Path(__file__).with_name("noop_app.py")), "--port", str(port)]
-    env = harness.conductor_env(found)  # the same for both servers (the no-op reads none of it)
+    env = harness.conductor_env(found)  # the same for every server (the baselines read none)
     if not args.open:
         env["RIG_AGENT_TOKENS"] = ",".join(f"{agent}:{token}" for agent, token in TOKENS.items())
-    with (
-        (tmp / "serve.log").open("wb") as serve_log,
-        harness.serve(env, log=serve_log) as conductor_url,
-        harness.process(noop_app, env, f"{noop_url}/healthz", serve_log),
-    ):
-        urls = {"no-op": f"{noop_url}/api/events", "conductor": f"{conductor_url}/api/events"}
-        for url in urls.values():
-            wrk(url, script, args.connections, args.warmup)
-        print(f"{'round':<7}{'no-op req/s':>13}{'conductor req/s':>17}{'ratio':>7}{'p99 ms':>15}")
-        ratios, p99s, problems = [], [], []
-        for n in range(args.rounds):
-            loads = {}
-            for name in sorted(urls, reverse=n % 2 == 1):  # alternate who goes first
-                if name == "conductor":
-                    log.truncate()
-                loads[name] = load = wrk(urls[name], script, args.connections, args.duration)
-                if name == "conductor":
-                    lost = log.durability(load, args.connections)
-                    problems += [f"round {n + 1}: {problem}" for problem in lost]
-            noop, conductor = loads["no-op"], loads["conductor"]
-            ratios.append(conductor.rps / noop.rps)
-            p99s.append(conductor.p99_ms)
-            p99 = f"{noop.p99_ms:.1f} / {conductor.p99_ms:.1f}"
-            print(f"{n + 1:<7}{noop.rps:>13,.0f}{conductor.rps:>17,.0f}{ratios[-1]:>7.2f}{p99:>15}")
-        # Durable storage per heartbeat: one more conductor run, between two settled readings of
+    with (tmp / "servers.log").open("wb") as servers_log, contextlib.ExitStack() as servers:
+        targets = [t for stack in args.stacks for t in start(stack, env, servers_log, servers)]
+        for target in targets:
+            wrk(target.url, script, args.connections, args.warmup)
+        loads, problems = rounds(args, targets, script, log)
+        # Durable storage per heartbeat: one more run of serve, between two settled readings of
         # the row versions written.
         log.truncate()
         before = log.written()
-        wrk(urls["conductor"], script, args.connections, args.duration)
+        wrk(targets[2].url, script, args.connections, args.duration)
         per_beat = (log.written() - before) / max(log.settled(), 1)
-    ratio, worst = harness.median(ratios), max(p99s)
+    report(targets, loads)
+    ratio = ratio_median(loads, targets[2], targets[1])
     harness.goal("conductor / no-op, median of the rounds", ratio, ">=", GOAL_RATIO)
+    worst = max(load.p99_ms for load in loads[targets[2]])
     harness.goal("conductor p99, worst round", worst, "<=", GOAL_P99_MS, " ms")
     harness.goal("rows written per heartbeat", per_beat, "<=", GOAL_ROWS_PER_BEAT)
     for problem in problems:
@@ -194,12 +218,66 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     return 0
 
 
+def rounds(
+    args: argparse.Namespace, targets: list[Target], script: Path, log: EventLog
+) -> tuple[dict[Target, list[Load]], list[str]]:
+    """Every target loaded once per round, one after the other, the order turning each round
+    (the machine's speed drifts over seconds); the round's requests/s printed as it ends."""
+    print(f"{'round':<7}" + "".join(f"{t.app:>12}" for t in targets))
+    print(f"{'':<7}" + "".join(f"{t.stack.split('+')[0]:>12}" for t in targets))
+    loads: dict[Target, list[Load]] = {target: [] for target in targets}
+    problems: list[str] = []
+    for n in range(args.rounds):
+        turn = n % len(targets)
+        for target in targets[turn:] + targets[:turn]:
+            if target.app == "conductor":
+                log.truncate()
+            load = wrk(target.url, script, args.connections, args.duration)
+            loads[target].append(load)
+            if target.app == "conductor":
+                lost = log.durability(load, args.connections)
+                problems += [f"round {n + 1}, {target}: {problem}" for problem in lost]
+        print(f"{n + 1:<7}" + "".join(f"{loads[t][-1].rps:>12,.0f}" for t in targets))
+    return loads, problems
+
+
+def ratio_median(loads: dict[Target, list[Load]], target: Target, baseline: Target) -> float:
+    """The median over the rounds of `target`'s requests/s over `baseline`'s in the same round."""
+    pairs = zip(loads[target], loads[baseline], strict=True)
+    return harness.median([mine.rps / theirs.rps for mine, theirs in pairs])
+
+
+def report(targets: list[Target], loads: dict[Target, list[Load]]) -> None:
+    """Per target: its app and stack, median requests/s, worst p99, and its ratio to the floor
+    on the same stack; then each app on serve's stack against the same app on the others."""
+    print(f"\n{'app':<10}{'server stack':<26}{'req/s':>9}{'p99 ms':>8}{'/ floor':>9}  serves")
+    for target in targets:
+        floor = next(t for t in targets if t.stack == target.stack and t.app == "floor")
+        rps = harness.median([load.rps for load in loads[target]])
+        p99 = max(load.p99_ms for load in loads[target])
+        ratio = ratio_median(loads, target, floor)
+        print(
+            f"{target.app:<10}{'uvicorn ' + target.stack:<26}{rps:>9,.0f}{p99:>8.1f}"
+            f"{ratio:>9.2f}  {APPS[target.app]}"
+        )
+    for stack in sorted({t.stack for t in targets} - {SERVE_STACK}):
+        ours = {t.app: t for t in targets if t.stack == SERVE_STACK}
+        gains = [
+            f"{t.app} {ratio_median(loads, ours[t.app], t):.2f}x"
+            for t in targets
+            if t.stack == stack
+        ]
+        print(f"  uvicorn {SERVE_STACK} over {stack}, median of the rounds: {', '.join(gains)}")
+    print()
+
+
 def main(args: argparse.Namespace) -> int:
     harness.ensure_installed("wrk", lambda: shutil.which("wrk") is not None)
     with harness.servers() as found, tempfile.TemporaryDirectory(prefix="rig-ingest-") as tmp:
         print(
-            f"rig-conductor heartbeat ingest: serve vs a no-op endpoint, wrk, {args.connections} "
-            f"connections, {args.rounds} rounds of {args.duration:g} s each, one uvicorn worker, "
+            f"rig-conductor heartbeat ingest: serve vs a no-op endpoint and a raw ASGI floor, wrk, "
+            f"{args.connections} connections, {args.rounds} rounds of {args.duration:g} s each, "
+            f"one uvicorn worker each, server stacks {', '.join(args.stacks)}, "
             + ("an open API" if args.open else f"{len(TOKENS)} agents' bound tokens")
         )
         return measure(args, found, Path(tmp))
@@ -214,6 +292,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--open", action="store_true", help="an open API (RIG_ALLOW_ANONYMOUS), no tokens checked"
     )
+    parser.add_argument(
+        "--stacks",
+        type=lambda value: value.split(","),
+        default=list(STACKS),
+        help=f"server stacks, serve's own first ({','.join(STACKS)})",
+    )
     args = harness.options(parser, rounds=(10, 2))
+    if args.stacks[0] != SERVE_STACK or not set(args.stacks) <= set(STACKS):
+        parser.error(f"--stacks: {SERVE_STACK} first, then any of {', '.join(STACKS)}")
     args.warmup = 1.0 if args.quick else 2.0
     sys.exit(harness.run(lambda: main(args)))

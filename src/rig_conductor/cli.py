@@ -105,8 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
-
+    from rig_conductor import serving
     from rig_conductor.app import create_app
 
     if (problem := settings.anonymous_problem()) is not None:
@@ -144,18 +143,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     if (problem := token_review.startup_problem(settings, environ=os.environ)) is not None:
         logger.error("%s", problem)
         return EXIT_USAGE
-    config = uvicorn.Config(
-        create_app(settings, kube=kube),
-        host=settings.http_host,
-        port=settings.http_port,
-        log_config=None,  # keep our dictConfig (text or JSON) for uvicorn's records too
-        access_log=False,
-        # Forwarding headers are the app's to believe, from RIG_FORWARDED_ALLOW_IPS only
-        # (`app.create_app`). uvicorn's own handling would trust 127.0.0.1 (or whatever its
-        # FORWARDED_ALLOW_IPS says) by default: off, whatever the environment.
-        proxy_headers=False,
-        lifespan="on",
-        timeout_graceful_shutdown=30,
+    config = serving.config(
+        create_app(settings, kube=kube), host=settings.http_host, port=settings.http_port
     )
     server = _server_class()(config)
     try:

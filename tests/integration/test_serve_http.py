@@ -1,0 +1,99 @@
+"""`rig-conductor serve` on the wire: what its HTTP server (httptools, `serving.py`) answers
+before and around the app, spoken byte by byte over a socket.
+
+The same answers through the app alone (httpx's ASGI transport) are in `test_api.py` and
+`test_heartbeat_lane.py`; here they must hold through the server `serve` really runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import urlsplit
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from rig_conductor import serving
+
+from .helpers import heartbeats_stored, serve
+
+BEAT = json.dumps({"type": "HEARTBEAT", "agentId": "dev-e", "consumer": "dev-e-0"}).encode()
+
+
+async def exchange(url: str, request: bytes) -> tuple[int, bytes]:
+    """One request written as given, on a connection of its own: the answer's status and body
+    (read to the end of the connection, which `Connection: close` asks for)."""
+    address = urlsplit(url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), timeout=20)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def post(path: str, body_frames: bytes, *headers: bytes) -> bytes:
+    lines = [b"POST " + path.encode() + b" HTTP/1.1", b"Host: conductor", *headers]
+    lines += [b"Content-Type: application/json", b"Connection: close"]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body_frames
+
+
+def chunked(body: bytes, size: int) -> bytes:
+    chunks = [body[start : start + size] for start in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
+
+
+async def test_chunked_heartbeats_are_taken_and_bounded_through_serve(
+    redis_url: str, database_url: str, engine: AsyncEngine
+) -> None:
+    """A heartbeat in many chunks is stored once, under the root path or not; a body over the
+    limit answers 413, declared or chunked, and stores nothing."""
+    te = b"Transfer-Encoding: chunked"
+    async with serve(redis_url, database_url, RIG_HTTP_ROOT_PATH="/rig") as conductor:
+        for path in ("/rig/api/events", "/api/events"):
+            status, body = await exchange(conductor.url, post(path, chunked(BEAT, 7), te))
+            assert (status, json.loads(body)) == (202, {"accepted": True}), body
+        assert await heartbeats_stored(engine) == 2  # a 202 is sent once the beat is stored
+        big = b'{"type":"HEARTBEAT","agentId":"' + b"a" * 70_000 + b'"}'
+        status, body = await exchange(conductor.url, post("/api/events", chunked(big, 8192), te))
+        assert status == 413, body
+        length = b"Content-Length: %d" % len(big)
+        status, body = await exchange(conductor.url, post("/api/events", big, length))
+        assert status == 413, body
+        assert await heartbeats_stored(engine) == 2
+
+
+async def test_the_server_refuses_ambiguous_framing_and_endless_heads(
+    redis_url: str, database_url: str, engine: AsyncEngine
+) -> None:
+    """httptools' parser refuses a body framed two ways (Content-Length and chunked), which h11
+    takes by the chunks: a proxy in front that went by the length would read a different
+    request there (request smuggling). A head past `serving.MAX_HEAD_BYTES` is refused before
+    it is held in memory. Both are answered 400 without reaching the app, logged in the
+    conductor's own format, and the server goes on serving."""
+    async with serve(redis_url, database_url, RIG_LOG_FORMAT="json") as conductor:
+        framed_twice = post(
+            "/api/events",
+            chunked(BEAT, 16),
+            b"Content-Length: %d" % len(BEAT),
+            b"Transfer-Encoding: chunked",
+        )
+        status, _ = await exchange(conductor.url, framed_twice)
+        assert status == 400
+        # Headers that go on and on: the head has no end yet when the bound is passed.
+        endless = b"".join(b"X-Padding-%d: %s\r\n" % (n, b"p" * 1000) for n in range(70))
+        assert len(endless) > serving.MAX_HEAD_BYTES
+        status, body = await exchange(conductor.url, b"GET /healthz HTTP/1.1\r\n" + endless)
+        assert (status, body) == (400, b"Request header fields too large.")
+        status, body = await exchange(
+            conductor.url, post("/api/events", BEAT, b"Content-Length: %d" % len(BEAT))
+        )
+        assert status == 202, body
+        assert await heartbeats_stored(engine) == 1
+        logged = [json.loads(line) for line in conductor.stderr.splitlines() if line.strip()]
+        refusals = [r["message"] for r in logged if r.get("logger") == "uvicorn.error"]
+        assert "Invalid HTTP request received." in refusals, conductor.stderr[-2000:]
+        assert f"Request head over {serving.MAX_HEAD_BYTES} bytes: refused" in refusals
