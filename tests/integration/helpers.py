@@ -181,7 +181,15 @@ async def serve(redis_url: str, database_url: str, **env: str) -> AsyncIterator[
                     except httpx.TransportError:
                         return False
 
-                await wait_for(ready, within=30)
+                async def why() -> str:
+                    try:
+                        answer = await client.get("/readyz")
+                        said = f"/readyz answered {answer.status_code} {answer.text[:500]}"
+                    except httpx.TransportError as exc:
+                        said = f"/readyz unreachable ({type(exc).__name__})"
+                    return f"{said}; serve's stderr ends: {conductor.stderr[-3000:]}"
+
+                await wait_for(ready, within=30, explain=why)
             yield conductor
         finally:
             await asyncio.to_thread(_stop, process)
