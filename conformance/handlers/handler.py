@@ -40,7 +40,7 @@ def handle(entry: Entry) -> None:
     if "workS" in payload:
         every = float(payload["progressS"])
         for _ in range(round(float(payload["workS"]) / every)):
-            time.sleep(every)
+            time.sleep(every)  # a slice of the work
             try:
                 entry.progress()
             except Fenced:

@@ -55,7 +55,7 @@ async def test_a_hung_handler_is_abandoned_at_the_deadline(world: Opener) -> Non
         later = await w.dispatch("rc-2")
         await w.until(lambda: w.finished(later))
         w.release("rc-1")  # the hung call ends at last: too late to count
-        await asyncio.sleep(2)
+        await asyncio.sleep(2)  # whatever the agent does with its late result, it has done by now
         assert w.stop_all()[A] == 0, w.tails()
     (moved,) = await w.completed(entry_id)
     assert moved.consumer == B and moved.attempt > 1
@@ -92,7 +92,7 @@ async def test_sigterm_finishes_the_entry_in_hand_and_exits_0(world: Opener) -> 
         await w.until(lambda: w.holding("rc-1", A))
         agent.terminate()
         later = await w.dispatch("rc-2")
-        await asyncio.sleep(1)
+        await asyncio.sleep(1)  # time to exit, which it must not do with an entry in hand
         assert agent.process.poll() is None, "it exited with an entry in hand"
         w.release("rc-1")
         assert agent.stop() == 0, w.tails()

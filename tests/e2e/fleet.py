@@ -94,7 +94,7 @@ class AgentProcess:
                 self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.send_signal(signal.SIGUSR1)
-                time.sleep(1)
+                time.sleep(1)  # time to log its tasks before SIGABRT ends it
                 self.process.send_signal(signal.SIGABRT)
                 try:
                     self.process.wait(timeout=5)

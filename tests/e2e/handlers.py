@@ -75,7 +75,7 @@ def build(entry: Entry) -> None:
         (out / f"holding-{entry.consumer}").write_text(entry.id)
         while os.path.exists(hold):
             time.sleep(0.05)
-    time.sleep(float(os.environ.get("E2E_WORK_S", "0.05")))
+    time.sleep(float(os.environ.get("E2E_WORK_S", "0.05")))  # the build's work
     effect = {
         "issueId": issue,
         "entryId": entry.id,
@@ -134,6 +134,6 @@ def slow(entry: Entry) -> None:
     if entry.fields["issueId"] in os.environ.get("E2E_SLOW_ISSUES", "").split(","):
         every = float(os.environ["E2E_PROGRESS_S"])
         for _ in range(round(float(os.environ["E2E_SLOW_S"]) / every)):
-            time.sleep(every)
+            time.sleep(every)  # a slice of the work
             entry.progress()
     build(entry)

@@ -23,7 +23,7 @@ from rig_conductor.adapters.postgres.tables import agent_heartbeats, dispatches,
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
-from .helpers import fill, heartbeats_stored, owners, read, register
+from .helpers import fill, heartbeats_stored, idle_at_least, owners, read, register
 
 
 async def _client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
@@ -542,7 +542,7 @@ async def test_streams_view_and_scan_on_demand(api: httpx.AsyncClient, redis: Re
     assert consumers["dev-e-rig-agent-runtime-0"]["pending"] == 3
     assert consumers["qa-e-0"]["agentId"] == "qa-e"
     assert group["oldestPendingIdleMs"] >= 0
-    await asyncio.sleep(0.05)
+    await idle_at_least(redis, "rig:dispatch", "workers", 50)  # idle a while, yet not stale
     # entry_stale_ms is 5 min by default: nothing is stale yet.
     report = (await api.post("/api/reaper/scan", params={"dryRun": "true"})).json()
     assert (report["reclaimed"], report["dryRun"], report["pending"]) == (0, True, 3)

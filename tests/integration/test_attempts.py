@@ -3,7 +3,6 @@ and recorded attempts can wear an entry out."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ from rig_conductor.adapters.postgres.tables import assignments, events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
 
-from .helpers import owners, read, register
+from .helpers import idle_at_least, owners, read, register
 
 S, G = "rig:dispatch", "workers"
 
@@ -81,7 +80,7 @@ async def test_a_reclaim_fences_the_old_owner_before_the_target_starts(
     entry = await dispatched(api, redis, "dev-e-0")
     started = await post(api, **report("WORK_STARTED", "dev-e-0", entry))
     assert started.json() == {"attempt": 1}
-    await asyncio.sleep(0.01)
+    await idle_at_least(redis, S, G, 10)  # the guard a claim carries is above 0
     assert (await api.post("/api/reaper/scan")).json()["reclaimed"] == 1
     assert await owners(redis, S, G) == {entry: "qa-e-0"}
     assert await state(engine, entry) == ("pending", 2, "qa-e-0")
@@ -101,7 +100,7 @@ async def test_recorded_attempts_wear_an_entry_out(
     entry = await dispatched(api, redis, "dev-e-0")
     for _ in range(3):  # three runs reported, one Redis delivery
         assert (await post(api, **report("WORK_STARTED", "dev-e-0", entry))).status_code == 202
-    await asyncio.sleep(0.01)
+    await idle_at_least(redis, S, G, 10)  # the guard a claim carries is above 0
     scan = (await api.post("/api/reaper/scan")).json()
     assert (scan["deadLettered"], scan["reclaimed"]) == (1, 0)
     [(_, fields)] = await redis.xrange(f"{S}:dlq")
@@ -119,7 +118,7 @@ async def test_dead_letters_are_listed_and_requeued(
     entry = await dispatched(api, redis, "dev-e-0")
     for _ in range(3):
         await redis.xreadgroup(G, "dev-e-0", {S: "0"})  # delivered again and again: 4 in all
-    await asyncio.sleep(0.01)
+    await idle_at_least(redis, S, G, 10)  # the guard a claim carries is above 0
     assert (await api.post("/api/reaper/scan")).json()["deadLettered"] == 1
     [letter] = (await api.get("/api/deadletters", params={"stream": S})).json()
     assert {

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres import intake
 from rig_conductor.domain import AgentId, ConsumerName
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, idle_at_least, owners, read, register
 
 
 def run(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -70,7 +70,7 @@ async def test_reap_once_prints_the_report_as_json(
         tenant="default",
         heartbeats=[intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))],
     )
-    await asyncio.sleep(0.15)
+    await idle_at_least(redis, "rig:dispatch", "g", 100)  # RIG_ENTRY_STALE_MS
     dry = await asyncio.to_thread(run, "reap", "--once", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     assert json.loads(dry.stdout)["reclaimed"] == 2 and json.loads(dry.stdout)["dryRun"] is True

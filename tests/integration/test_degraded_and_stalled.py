@@ -113,7 +113,7 @@ async def test_a_degraded_owner_loses_its_entries_to_healthy_consumers(
     )
     # Within the grace period nothing moves, however the entries' idle times stand.
     assert (await cycle.reap_once(redis=redis, engine=engine, settings=settings)).reclaimed == 0
-    await asyncio.sleep(1.6)
+    await asyncio.sleep(1.6)  # past the grace of 1.5 s since the degraded beat
     await beat(engine, ("review-e-codex", CODEX, True))  # still degraded, still alive
     await redis.xclaim(S, G, CODEX, 0, ids, justid=True)  # and retrying: idle back to zero
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
@@ -141,7 +141,7 @@ async def test_no_healthy_target_holds_the_entries(
     await read(redis, S, G, CODEX, 3)
     await register(redis, S, G, CLAUDE)
     await beat(engine, ("review-e-codex", CODEX, True), ("review-e", CLAUDE, True))
-    await asyncio.sleep(0.35)
+    await asyncio.sleep(0.35)  # past the grace of 300 ms since the degraded beat
     await beat(engine, ("review-e-codex", CODEX, True))
     report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
     assert (report.reclaimed, report.degraded_held, report.no_target) == (0, 3, 0)
@@ -168,7 +168,7 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
         tenant="default",
         report=work.WorkReport("WORK_STARTED", "review-e", S, ids[1], CLAUDE),
     )
-    await asyncio.sleep(2.1)
+    await asyncio.sleep(2.1)  # the hung attempt past its deadline of 2 s
     # ids[1] keeps reporting progress; ids[2] was re-read just now (never named: idle decides).
     progress = work.WorkReport("WORK_PROGRESS", "review-e", S, ids[1], CLAUDE, attempt=busy.attempt)
     assert (await work.record_work(engine, tenant="default", report=progress)).accepted

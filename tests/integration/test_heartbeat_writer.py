@@ -69,7 +69,8 @@ async def test_heartbeats_arriving_during_a_write_form_the_next_batch(
     writer: HeartbeatWriter, engine: AsyncEngine, commits: Commits
 ) -> None:
     first = asyncio.create_task(writer.submit(beat("dev-e", 0)))
-    await asyncio.sleep(0)  # the writer takes the first heartbeat and starts writing it
+    # Two turns of the loop: the writer takes the first heartbeat and starts writing it.
+    await asyncio.sleep(0)
     await asyncio.sleep(0)
     later = [asyncio.create_task(writer.submit(beat("dev-e", n))) for n in range(1, 6)]
     await asyncio.gather(first, *later)

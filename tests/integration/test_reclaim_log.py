@@ -20,6 +20,8 @@ from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
 
+from .helpers import idle_at_least
+
 S, G = "rig:dispatch", "g"
 ENTRIES, DEAD = 200_000, 200
 LINE = re.compile(r"^\S+ \S+ INFO    rig_conductor\.reaper\.cycle: \[StreamReclaim\] Reclaimed ")
@@ -42,6 +44,8 @@ async def plant(redis: Redis, engine: AsyncEngine) -> None:
     await redis.xgroup_createconsumer(S, G, "qa-e-0")
     live = [intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
     await intake.record_heartbeats(engine, tenant="default", heartbeats=live)
+    # Past RIG_ENTRY_STALE_MS (100) since the last delivery: reading all 200 000 pending rows
+    # to see it would take longer than the wait.
     await asyncio.sleep(0.15)
 
 
@@ -159,7 +163,7 @@ async def test_a_newline_in_a_consumer_name_forges_no_line(
     await redis.xgroup_createconsumer(S, G, "qa-e-0")
     live = [intake.HeartbeatIn(AgentId("qa-e"), ConsumerName("qa-e-0"))]
     await intake.record_heartbeats(engine, tenant="default", heartbeats=live)
-    await asyncio.sleep(0.15)
+    await idle_at_least(redis, S, G, 100)  # RIG_ENTRY_STALE_MS
     done = await asyncio.to_thread(reap, {**env, "RIG_LOG_FORMAT": log_format}, capture_output=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["reclaimed"] == 3

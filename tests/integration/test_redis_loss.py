@@ -401,7 +401,7 @@ async def test_a_start_of_the_new_entry_waits_for_the_rows_that_carry_the_finish
         start = asyncio.create_task(
             grouped(engine, "WORK_STARTED", appended, "rc-1", "reviewers", "r-1")
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # time for a start that does not wait to be answered
         assert not start.done(), "the start did not wait for the new entry's rows"
         assert await recovery.reappended(
             conn, tenant="default", dispatch=dispatch, entry_id=appended, carries=fence.carries

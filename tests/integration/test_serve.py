@@ -110,7 +110,7 @@ async def test_startup_delay_holds_the_first_scan(
     held = make_settings(scan_interval_s=0.1, startup_delay_s=30)
     service = ReaperService(redis=redis, engine=engine, settings=held)
     service.start()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # five scan intervals, all inside the delay: none may scan
     await service.stop()
     assert service.last_report is None
     prompt = make_settings(scan_interval_s=0.1, startup_delay_s=0)
@@ -125,7 +125,7 @@ async def test_stop_waits_for_the_scan_in_progress(
 ) -> None:
     service = ReaperService(redis=redis, engine=engine, settings=make_settings())
     scan = asyncio.create_task(service.scan())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the scan has begun
     await service.stop()
     assert scan.done() and service.last_report is not None
 
@@ -144,7 +144,7 @@ async def test_stop_lets_a_scheduled_scan_finish(
 
     async def slow_scan(**kwargs: Any) -> ScanReport:
         started.set()
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # still scanning when stop() is called
         return await real(**kwargs)
 
     monkeypatch.setattr(cycle, "reap_once", slow_scan)
@@ -185,10 +185,10 @@ async def test_no_scan_starts_once_stop_returns(
         service = ReaperService(redis=redis, engine=engine, settings=settings)
         service.start()
         for _ in range(turns):
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # one turn of the loop
         await service.stop()
         stopped = True
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # time for a timer left behind to start a scan
     assert late == [], f"scans started after stop() returned, stopped after {late} loop turns"
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,7 @@ from rig_conductor.domain import AgentId, ConsumerName, Pods, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests.integration.console_kit import OPERATOR, client_of, sign_in
-from tests.integration.helpers import fill, owners, read, register
+from tests.integration.helpers import fill, idle_at_least, owners, read, register
 
 from .servers import Cluster
 
@@ -49,7 +48,8 @@ async def scene(
         tenant="default",
         heartbeats=[intake.HeartbeatIn(AgentId("live"), ConsumerName(LIVE))],
     )
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    for stream in streams:
+        await idle_at_least(client, stream, G, STALE_MS)
     return held
 
 
@@ -108,7 +108,8 @@ async def test_groups_on_different_primaries_are_judged_on_heartbeats_of_their_o
         tenant="default",
         heartbeats=[intake.HeartbeatIn(AgentId("live"), ConsumerName(t)) for t in targets.values()],
     )
-    await asyncio.sleep(STALE_MS / 1000 + 0.05)
+    for stream in targets:
+        await idle_at_least(cluster_client, stream, G, STALE_MS)
     settings = reaper_settings(settings_for, cluster_env)
     topology = Topology(cluster_client, settings)
     try:

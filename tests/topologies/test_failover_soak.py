@@ -63,12 +63,12 @@ async def test_a_failover_mid_soak_loses_nothing_and_does_nothing_twice(
                     if n == len(ISSUES) // 2:
                         await fail_over()
                         failed_over.set()
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # a steady flow of work, not a burst
 
             async def chaos() -> None:
                 nonlocal kills
                 while len(acknowledged) < len(ISSUES):
-                    await asyncio.sleep(KILL_EVERY_S)
+                    await asyncio.sleep(KILL_EVERY_S)  # chaos at a steady pace
                     agent = chance.choice(AGENTS)
                     pods[agent].kill()
                     kills += 1

@@ -18,7 +18,7 @@ def plain(entry):
     return None
 
 async def coro(entry):
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # a coroutine that really awaits
 
 class Jobs:
     @staticmethod

@@ -30,7 +30,7 @@ class Runs:
 
 async def settle() -> None:
     for _ in range(5):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a turn of the loop: every task that can run does
 
 
 async def test_requests_while_a_run_is_in_progress_share_the_next_run() -> None:

@@ -222,7 +222,7 @@ class _SlowStream(io.StringIO):
 
     def write(self, text: str) -> int:
         self.queued.append(self.writer.records.qsize())
-        time.sleep(0.001)
+        time.sleep(0.001)  # a slow terminal
         return super().write(text)
 
 

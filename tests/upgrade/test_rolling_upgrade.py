@@ -148,7 +148,7 @@ async def dispatching(proxy: Proxy, issues: list[str], dispatched: dict[str, str
             answer = await api.post("/api/events", json={**event, "payload": {"title": issue}})
             assert answer.status_code == 201, answer.text
             dispatched[issue] = answer.json()["entryId"]
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # a steady flow of work, not a burst
 
 
 async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(

@@ -243,7 +243,9 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
             return any(f for kind, _, f, _ in await work_events(engine, entry_id))
 
         await wait_for(fenced)
-        await asyncio.sleep(0.3)
+        # Answered "fenced", the runtime discards the staged file: stopping before then would
+        # cut the answer short and leave it staged.
+        await wait_for(lambda: leftovers(tmp_path) == [])
     assert not final.exists() and leftovers(tmp_path) == []
     # Not acked: an XACK would have taken the entry from the group, the new owner's list too.
     assert await pending(redis) == {entry_id: 1}
@@ -343,7 +345,7 @@ import pathlib, time
 def slow(entry):
     out = pathlib.Path(__file__).parent
     (out / f"started-{entry.fields['issueId']}").write_text(str(entry.attempt))
-    time.sleep(1.5)
+    time.sleep(1.5)  # long enough for a signal to arrive while it works
     entry.stage(out / f"done-{entry.fields['issueId']}.txt").write_text("finished")
 """
 
@@ -449,7 +451,8 @@ async def test_nothing_is_read_before_the_conductor_accepts_a_heartbeat(
         async with running(
             lambda entry: handled.append(entry.id), settings(conductor_url="http://127.0.0.1:1")
         ):
-            await asyncio.sleep(1.5)
+            await wait_for(lambda: "reading nothing until the conductor accepts one" in caplog.text)
+            await asyncio.sleep(1.5)  # heartbeats still failing: time for a read it must not make
             assert (await redis.xpending(S, G))["pending"] == 0
     assert handled == []
     assert "reading nothing until the conductor accepts one" in caplog.text
@@ -472,7 +475,7 @@ class _SwallowsOneCancel(ConductorClient):
             return
         self.stop.set()  # a stop arrives while this heartbeat is in flight
         try:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # hangs until the shutdown cancels it
         except asyncio.CancelledError:
             self.swallowed = True
             task = asyncio.current_task()
@@ -501,5 +504,5 @@ async def test_the_heartbeat_loop_ends_even_when_its_cancellation_is_swallowed(
         await client.aclose()
     assert client.swallowed
     beats = client.beats
-    await asyncio.sleep(3.5)
+    await asyncio.sleep(3.5)  # past the heartbeat interval of 3 s
     assert client.beats == beats  # and nothing beats on after run() returned

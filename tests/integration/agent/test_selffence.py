@@ -68,7 +68,7 @@ async def test_progress_keeps_an_entry_past_its_deadline(
 ) -> None:
     def handler(entry: Entry) -> None:
         for _ in range(8):  # 1.6 s of work, deadline 0.6 s
-            time.sleep(0.2)
+            time.sleep(0.2)  # a slice of the work
             entry.progress()
 
     entry_id = await dispatch(conductor, "rc-3")
@@ -128,7 +128,7 @@ async def test_a_hung_async_handler_is_cancelled_at_the_deadline(
 
     async def handler(entry: Entry) -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.sleep(3600)  # hangs until the deadline cancels it
         except asyncio.CancelledError:
             cancelled.set()
             raise

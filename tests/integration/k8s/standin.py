@@ -380,7 +380,7 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is None:
             return False, None
         if fault.delay:
-            time.sleep(fault.delay)
+            time.sleep(fault.delay)  # a slow API server, as the test injected it
         if fault.status is not None:
             self._read_body()
             self._send(fault.status, status_body(fault.status, f"injected {fault.status}"))

@@ -136,7 +136,7 @@ async def test_a_stopping_leader_releases_at_once(
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
     await b.start()
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: b.holder == a.identity, within=10)  # b has read the Lease: it follows
 
     await a.stop()
     assert not a.is_leader
@@ -149,7 +149,7 @@ async def test_a_stopping_leader_releases_at_once(
     # No need to wait the lease out: taken before the released one would have run out.
     ran_out = datetime.fromisoformat(released["spec"]["renewTime"]) + timedelta(seconds=DURATION_S)
     assert datetime.fromisoformat(taken["spec"]["acquireTime"]) < ran_out
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the change callback has run
     assert changes.seen == [True, False]
 
 
@@ -168,7 +168,7 @@ async def test_a_conflict_costs_the_leadership(
     await wait_for(lambda: a.holder == "intruder_9", within=DURATION_S)
     # The intruder never renews: its lease runs out and a takes over again.
     await wait_for(lambda: a.is_leader, within=DURATION_S + 2)
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one turn of the loop: the change callback has run
     assert changes.seen == [True, False, True]
     lease = kube.lease(LEASE)
     assert lease is not None
@@ -184,7 +184,7 @@ async def test_one_failed_renewal_does_not_cost_the_leadership(
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
     kube.inject(Fault("lease-update", status=500))
-    await asyncio.sleep(DURATION_S)
+    await asyncio.sleep(DURATION_S)  # a whole lease past the failed renewal
     assert a.is_leader
     assert changes.seen == [True]
 
@@ -199,7 +199,7 @@ async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_runs_out(
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
     await b.start()
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: b.holder == a.identity, within=10)  # b has read the Lease: it follows
 
     kube.inject(Fault("lease-update", status=500, times=None))  # nobody can write any more
     # The replica is told by an awaited callback, which runs just after the flag turns.
@@ -225,7 +225,7 @@ async def test_an_unreachable_api_leaves_a_follower_a_follower(
     a = lease_elector(api, "conductor-a_1")
     electors.append(a)
     await a.start()
-    await asyncio.sleep(DURATION_S / 2)
+    await asyncio.sleep(DURATION_S / 2)  # several attempts, each refused
     assert not a.is_leader
     assert kube.lease(LEASE) is None
     # Once it has failed for as long as a leader may go without renewing, it says so.
@@ -360,7 +360,7 @@ async def test_a_stopping_lease_row_leader_releases_at_once(
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
     await b.start()
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: b.holder == a.identity, within=10)  # b has tried: it follows
 
     await a.stop()
     assert not a.is_leader
@@ -402,7 +402,7 @@ async def test_a_lease_row_leader_that_cannot_renew_steps_down_before_its_lease_
     await a.start()
     await wait_for(lambda: a.is_leader, within=5)
     await b.start()
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: b.holder == a.identity, within=10)  # b has tried: it follows
 
     # Another session locks the table: every attempt of both hangs until it times out.
     async with engine.connect() as blocker:
@@ -435,7 +435,9 @@ async def test_an_unreachable_database_is_no_leadership(electors: list[Elector])
     a = row_elector("postgresql+psycopg://nobody@127.0.0.1:1/none", "a")
     electors.append(a)
     await a.start()
-    await asyncio.sleep(ROW_DURATION_S)
+    await asyncio.sleep(ROW_DURATION_S)  # a whole lease of attempts, each refused
     assert not a.is_leader
-    # The schedule counts its scans as failed: nobody here can tell who reaps.
+    # The schedule counts its scans as failed: nobody here can tell who reaps (once it has
+    # failed for as long as a leader may go without renewing).
+    await wait_for(lambda: a.trouble is not None, within=10)
     assert a.trouble is not None and a.trouble.startswith("PostgreSQL unavailable: ")

@@ -88,7 +88,7 @@ async def test_on_gone_for_deleted_and_failed_pods_only(
     kube.delete("web-0", namespace="agents")  # not selected
     kube.bookmark()
     await wait_for(lambda: len(gone.calls) >= 4, within=5)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # time for a call that must not come (a second for evicted-0)
 
     assert gone.names == ["failed-0", "succeeded-0", "deleted-0", "evicted-0"]
     states = watch.tracker.states()
@@ -235,7 +235,7 @@ async def test_a_burst_of_deletions_reaches_on_gone_once_each(
 
     for i in range(n):
         kube.delete(f"agent-{i:03d}", namespace="agents")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # a burst of separate events, not one batch
     await wait_for(lambda: len(gone.calls) == n, within=10)
     assert sorted(gone.names) == [f"agent-{i:03d}" for i in range(n)]  # each once
     assert watch.lists == 1  # from the one watch, no relist

@@ -21,6 +21,7 @@ from rig_conductor.adapters.token_review import (
 )
 from rig_conductor.settings import Settings
 
+from ..helpers import wait_for
 from .standin import Fault, KubeStandIn
 from .standin_tokens import jwt
 from .test_config import kubeconfig
@@ -257,7 +258,7 @@ async def test_one_waiter_giving_up_does_not_cancel_the_others(
     kube.inject(Fault("token-review", delay=0.3))
     impatient = asyncio.create_task(reviewer.review(token))
     patient = asyncio.create_task(reviewer.review(token))
-    await asyncio.sleep(0.05)
+    await wait_for(lambda: kube.count("token-review") == 1, within=10)  # both wait on that call
     impatient.cancel()
 
     assert (await patient).pod == "dev-e-0"

@@ -86,7 +86,7 @@ async def test_two_conductors_one_reaper(
     async with running(first) as api_first:
         await wait_for(lambda: scans(first) >= 2, within=10)
         async with running(second) as api_second:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(1.0)  # five scan intervals: time for a scan it must not run
             assert scans(second) == 0  # the first holds the lease row
             refused = await api_second.post("/api/reaper/scan")
             assert refused.status_code == 409
@@ -110,7 +110,7 @@ async def test_the_follower_takes_over_when_the_leader_stops(
     async with running(leader_app):
         await wait_for(lambda: scans(leader_app) >= 1, within=10)
         await follower.__aenter__()
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.6)  # three scan intervals: time for a scan it must not run
         assert scans(follower_app) == 0
     try:
         await wait_for(lambda: scans(follower_app) >= 1, within=15)

@@ -68,7 +68,7 @@ async def test_an_outage_longer_than_the_down_time_takes_no_live_agents_work(
         try:
             await asyncio.sleep(1.0)  # the dead agent's last heartbeat, 1 s before the outage
             private_pg.stop()
-            await asyncio.sleep(8.0)
+            await asyncio.sleep(8.0)  # the outage: past RIG_AGENT_DOWN_MS, a spell to count
             # The spell ends once PostgreSQL answers again, which is no sooner than its start
             # begins (`start()` returns later still, the later the more loaded the machine).
             recovered = time.monotonic()
