@@ -3,13 +3,16 @@
 The conductor runs for real: the HTTP API under uvicorn with its scheduled reaper. Six issues
 are dispatched through `POST /api/events`. The agents run the real agent runtime (`run_agent`,
 in-process), reading `rig:dispatch` in one consumer group and heartbeating over HTTP.
-`builder-b` runs four workers; each takes an issue and hangs in its build. `builder-a` builds
-the other two issues, then builder-b's node dies: the workers stop dead, nothing acked, no more
-heartbeats. On short demo thresholds the reaper sees builder-b go silent and reclaims its four
-entries to builder-a, which builds them as a new attempt (builder-b's attempts are fenced off).
-builder-a is up and idle before builder-b dies: were it still starting, the reaper could pick a
-builder-b worker whose last heartbeat came a moment later than its siblings', and move the
-entry a second time once that worker is found silent too. Every build writes an artifact
+`builder-b` runs three workers; each takes an issue and hangs in its build. `builder-a` builds
+the other three issues, then builder-b's node dies: the workers stop dead, nothing acked, no
+more heartbeats. On short demo thresholds the reaper sees builder-b go silent and reclaims its
+three entries to builder-a, which builds them as a new attempt (builder-b's attempts are fenced
+off). Every move goes to builder-a at once, by reaper rule 5 (docs/rules.md): builder-a is up,
+heard and idle before builder-b dies. The workers fall silent a moment apart, so a scan may
+find some silent while another is still within its last heartbeat, and so still a target
+holding one entry; idle builder-a, the fresher, takes two before that worker would rank level
+with it. With a fourth worker, the third entry could go to that worker, and move again one
+scan later. Every build writes an artifact
 through `entry.stage()`, published only once the conductor has accepted the completion; the
 demo reports who built each issue from those artifacts.
 
@@ -60,7 +63,7 @@ LIVE = ("builder-a", "builder-a-rig-agent-runtime-0")
 # Joins builder-a once the story is told, so the live console shows a fleet of two.
 HELPER = ("builder-c", "builder-c-rig-agent-runtime-0")
 DOOMED_AGENT = "builder-b"
-DOOMED = tuple(f"{DOOMED_AGENT}-rig-agent-runtime-{n}" for n in range(4))
+DOOMED = tuple(f"{DOOMED_AGENT}-rig-agent-runtime-{n}" for n in range(3))
 ISSUES = [f"rc-{n}" for n in range(101, 107)]
 PREFERRED_PORT = 8080
 BUILD_S = 0.1
@@ -211,7 +214,7 @@ async def _story(
     *,
     live: bool,
 ) -> bool:
-    """builder-b takes four issues and dies; the reaper hands them to builder-a. Prints the
+    """builder-b takes three issues and dies; the reaper hands them to builder-a. Prints the
     summary once a final scan has measured the end; True when every issue was built."""
     completed: dict[str, str] = {}
     if lead_s:
@@ -329,7 +332,7 @@ async def _dispatch(api: httpx.AsyncClient, issue: str) -> str:
 
 
 class _Crew:
-    """builder-b's four workers, which die mid-build; builder-a, which survives; builder-c,
+    """builder-b's three workers, which die mid-build; builder-a, which survives; builder-c,
     which joins it in the live fleet."""
 
     def __init__(self, settings: AgentSettings, artifacts: Path) -> None:

@@ -72,7 +72,7 @@ def test_at_a_terminal_the_demo_keeps_a_live_fleet_until_ctrl_c() -> None:
         assert process.poll() is None, "the demo exited at a terminal"
         process.send_signal(signal.SIGINT)
         stopped = read_until(
-            terminal, r"Demo stopped: (\d+) of (\d+) issues completed; 4 reclaimed", seen, 60
+            terminal, r"Demo stopped: (\d+) of (\d+) issues completed; 3 reclaimed", seen, 60
         )
         assert process.wait(timeout=60) == 0
     finally:
