@@ -180,3 +180,28 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
     for kind in ("WORK_PROGRESS", "WORK_COMPLETED"):
         fenced = work.WorkReport(kind, "review-e", S, ids[0], CLAUDE, attempt=hung.attempt)
         assert not (await work.record_work(engine, tenant="default", report=fenced)).accepted
+
+
+async def test_an_entry_done_but_not_yet_acked_is_not_stalled(
+    redis: Redis, engine: AsyncEngine, settings: Settings
+) -> None:
+    """Between an accepted completion and the agent's XACK the entry is still pending, idle since
+    it was read: a scan in that window must not take finished work for stalled work."""
+    settings = settings.model_copy(update={"entry_deadline_ms": 1_000})
+    ids = await fill(redis, S, G, 1)
+    await read(redis, S, G, CLAUDE, 1)
+    await register(redis, S, G, "review-e-1")
+    started = await work.record_work(
+        engine,
+        tenant="default",
+        report=work.WorkReport("WORK_STARTED", "review-e", S, ids[0], CLAUDE),
+    )
+    await asyncio.sleep(1.2)  # the entry's idle time past the deadline of 1 s
+    completed = work.WorkReport(
+        "WORK_COMPLETED", "review-e", S, ids[0], CLAUDE, attempt=started.attempt
+    )
+    assert (await work.record_work(engine, tenant="default", report=completed)).accepted
+    await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
+    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    assert report.reclaimed == 0, report.reclaimed_by_reason
+    assert await owners(redis, S, G) == {ids[0]: CLAUDE}

@@ -124,6 +124,7 @@ async def _work_evidence(
         streams=streams,
         worn_at=limits.max_deliveries,
         deadline_ms=limits.entry_deadline_ms,
+        settle_ms=limits.agent_down_ms,  # an agent silent longer than this is down: rule 3 then
     )
 
 

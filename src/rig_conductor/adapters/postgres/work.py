@@ -287,30 +287,43 @@ class WorkEvidence:
 
 # Unfinished entries of the scanned streams that are worn out, or whose current attempt has a
 # progress time (WORK_STARTED, WORK_PROGRESS, or the reclaim that reserved it), in every lane;
-# and done entries with outputs still to publish (few, through the partial indexes).
+# done entries with outputs still to publish (few, through the partial indexes); and entries done
+# within the last `settle_s`, which their agent may not have acked yet: work that ended is never
+# stalled (rule 4b, docs/rules.md), though Redis's idle time for it says nothing of its progress.
+# The last column says which: 'open', 'unpublished' or 'done'.
 _WORK_EVIDENCE = text(
     """
     SELECT stream, group_name, entry_id, attempt,
-           progress_at > now() - make_interval(secs => :deadline_s), false
+           progress_at > now() - make_interval(secs => :deadline_s), 'open'
       FROM assignments
      WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
        AND state NOT IN ('done', 'dead', 'superseded')
        AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
     UNION ALL
     SELECT stream, group_name, entry_id, attempt,
-           progress_at > now() - make_interval(secs => :deadline_s), false
+           progress_at > now() - make_interval(secs => :deadline_s), 'open'
       FROM group_assignments
      WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
        AND state NOT IN ('done', 'dead', 'superseded')
        AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
     UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, true FROM assignments
+    SELECT stream, group_name, entry_id, attempt, NULL, 'unpublished' FROM assignments
      WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
        AND outputs IS NOT NULL AND published_at IS NULL AND state = 'done'
     UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, true FROM group_assignments
+    SELECT stream, group_name, entry_id, attempt, NULL, 'unpublished' FROM group_assignments
      WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
        AND outputs IS NOT NULL AND published_at IS NULL AND state = 'done'
+    UNION ALL
+    SELECT stream, group_name, entry_id, attempt, NULL, 'done' FROM assignments
+     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[])) AND :deadline_s > 0
+       AND state = 'done' AND (outputs IS NULL OR published_at IS NOT NULL)
+       AND updated_at > now() - make_interval(secs => :settle_s)
+    UNION ALL
+    SELECT stream, group_name, entry_id, attempt, NULL, 'done' FROM group_assignments
+     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[])) AND :deadline_s > 0
+       AND state = 'done' AND (outputs IS NULL OR published_at IS NOT NULL)
+       AND updated_at > now() - make_interval(secs => :settle_s)
     """
 )
 
@@ -322,9 +335,13 @@ async def load_work_evidence(
     streams: Sequence[str],
     worn_at: int,
     deadline_ms: int,
+    settle_ms: int = 0,
 ) -> WorkEvidence:
     """Worn attempts and progress of unfinished entries of `streams`, and the done ones with
     outputs to publish, in one query. `deadline_ms` 0 turns rule 4b (docs/rules.md) off: none read.
+    An entry done within `settle_ms` counts as progressing (its agent acks it next); one done
+    longer ago and still pending is judged by its idle time, and moved: the target's start is
+    answered "already done", and the target acks it.
     """
     if not streams:
         return WorkEvidence()
@@ -333,6 +350,7 @@ async def load_work_evidence(
         "streams": list(streams),
         "worn_at": worn_at,
         "deadline_s": deadline_ms / 1000,
+        "settle_s": settle_ms / 1000,
     }
     worn: dict[GroupKey, dict[EntryId, int]] = {}
     fresh: dict[GroupKey, set[EntryId]] = {}
@@ -340,11 +358,14 @@ async def load_work_evidence(
     finished: dict[GroupKey, set[EntryId]] = {}
     async with engine.connect() as conn:
         rows = await conn.execute(_WORK_EVIDENCE, params)
-        for stream, group, entry_id, attempt, progressed, done in rows:
+        for stream, group, entry_id, attempt, progressed, kind in rows:
             key = (StreamKey(stream), GroupName(group) if group is not None else None)
             entry = EntryId(entry_id)
-            if done:
+            if kind == "unpublished":
                 finished.setdefault(key, set()).add(entry)
+                continue
+            if kind == "done":
+                fresh.setdefault(key, set()).add(entry)
                 continue
             if attempt >= worn_at:
                 worn.setdefault(key, {})[entry] = attempt
