@@ -286,45 +286,34 @@ class WorkEvidence:
 
 
 # Unfinished entries of the scanned streams that are worn out, or whose current attempt has a
-# progress time (WORK_STARTED, WORK_PROGRESS, or the reclaim that reserved it), in every lane;
-# done entries with outputs still to publish (few, through the partial indexes); and entries done
-# within the last `settle_s`, which their agent may not have acked yet: work that ended is never
-# stalled (rule 4b, docs/rules.md), though Redis's idle time for it says nothing of its progress.
-# The last column says which: 'open', 'unpublished' or 'done'.
+# progress time (WORK_STARTED, WORK_PROGRESS, or the reclaim that reserved it), and entries done
+# within the last `settle_s` (their agent may not have acked them yet: work that ended is never
+# stalled, rule 4b, docs/rules.md, though Redis's idle time for it says nothing of its progress),
+# in one pass over each lane; then done entries with outputs still to publish (few, through the
+# partial indexes). The last column says which: 'open', 'done' or 'unpublished'.
+_LANE = """
+    SELECT stream, group_name, entry_id, attempt,
+           progress_at > now() - make_interval(secs => :deadline_s),
+           CASE WHEN state = 'done' THEN 'done' ELSE 'open' END
+      FROM {table}
+     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
+       AND ((state NOT IN ('done', 'dead', 'superseded')
+             AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL)))
+         OR (:deadline_s > 0 AND state = 'done'
+             AND (outputs IS NULL OR published_at IS NOT NULL)
+             AND updated_at > now() - make_interval(secs => :settle_s)))
+"""
+_UNPUBLISHED = """
+    SELECT stream, group_name, entry_id, attempt, NULL, 'unpublished' FROM {table}
+     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
+       AND outputs IS NOT NULL AND published_at IS NULL AND state = 'done'
+"""
 _WORK_EVIDENCE = text(
-    """
-    SELECT stream, group_name, entry_id, attempt,
-           progress_at > now() - make_interval(secs => :deadline_s), 'open'
-      FROM assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
-       AND state NOT IN ('done', 'dead', 'superseded')
-       AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
-    UNION ALL
-    SELECT stream, group_name, entry_id, attempt,
-           progress_at > now() - make_interval(secs => :deadline_s), 'open'
-      FROM group_assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
-       AND state NOT IN ('done', 'dead', 'superseded')
-       AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL))
-    UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, 'unpublished' FROM assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
-       AND outputs IS NOT NULL AND published_at IS NULL AND state = 'done'
-    UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, 'unpublished' FROM group_assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[]))
-       AND outputs IS NOT NULL AND published_at IS NULL AND state = 'done'
-    UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, 'done' FROM assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[])) AND :deadline_s > 0
-       AND state = 'done' AND (outputs IS NULL OR published_at IS NOT NULL)
-       AND updated_at > now() - make_interval(secs => :settle_s)
-    UNION ALL
-    SELECT stream, group_name, entry_id, attempt, NULL, 'done' FROM group_assignments
-     WHERE tenant = :tenant AND stream = ANY(CAST(:streams AS text[])) AND :deadline_s > 0
-       AND state = 'done' AND (outputs IS NULL OR published_at IS NOT NULL)
-       AND updated_at > now() - make_interval(secs => :settle_s)
-    """
+    " UNION ALL ".join(
+        part.format(table=table)
+        for part in (_LANE, _UNPUBLISHED)
+        for table in ("assignments", "group_assignments")
+    )
 )
 
 
