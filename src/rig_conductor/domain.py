@@ -9,11 +9,12 @@ import enum
 import posixpath
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections import ChainMap
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
-from typing import Generic, NamedTuple, NewType, TypeVar, overload
+from typing import NamedTuple, NewType, cast
 
 StreamKey = NewType("StreamKey", str)
 GroupName = NewType("GroupName", str)
@@ -255,50 +256,6 @@ class Span:
 MoveKey = tuple[StreamKey, GroupName, ConsumerName]
 
 
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-_T = TypeVar("_T")
-
-
-class Layered(Mapping[_K, _V], Generic[_K, _V]):
-    """`top` read over `base`, read-only: a few entries added to a large mapping without copying
-    it (a lookup costs two at most)."""
-
-    __slots__ = ("_base", "_top")
-
-    def __init__(self, top: Mapping[_K, _V], base: Mapping[_K, _V]) -> None:
-        self._top = top
-        self._base = base
-
-    def __getitem__(self, key: _K) -> _V:
-        try:
-            return self._top[key]
-        except KeyError:
-            return self._base[key]
-
-    @overload
-    def get(self, key: _K, /) -> _V | None: ...
-    @overload
-    def get(self, key: _K, default: _V | _T, /) -> _V | _T: ...
-    def get(self, key: _K, default: object = None, /) -> object:
-        # Called for every consumer a scan judges: no exception for the common miss.
-        found = self._top.get(key, _ABSENT)
-        return self._base.get(key, default) if found is _ABSENT else found
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._top or key in self._base
-
-    def __iter__(self) -> Iterator[_K]:
-        yield from self._top
-        yield from (key for key in self._base if key not in self._top)
-
-    def __len__(self) -> int:
-        return len(self._top) + sum(1 for key in self._base if key not in self._top)
-
-
-_ABSENT = object()
-
-
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """Everything a scan knows about who is alive, read at one instant `now`.
@@ -340,7 +297,9 @@ class Evidence:
         new ones are laid over its own, not copied into them."""
         if not consumer_heartbeats:
             return self
-        beats = Layered(MappingProxyType(dict(consumer_heartbeats)), self.consumer_heartbeats)
+        own = cast(MutableMapping[ConsumerName, Heartbeat], self.consumer_heartbeats)
+        # ChainMap writes to its first map only, and the proxy lets nothing write: `own` is read.
+        beats = MappingProxyType(ChainMap(dict(consumer_heartbeats), own))
         return replace(self, consumer_heartbeats=beats)
 
 

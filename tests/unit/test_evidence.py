@@ -3,6 +3,7 @@ heartbeats make a new evidence (and a fleet of its own) instead of changing the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +18,6 @@ from rig_conductor.domain import (
     Evidence,
     GroupName,
     Heartbeat,
-    Layered,
     Limits,
     PodState,
     StreamKey,
@@ -78,16 +78,18 @@ def test_a_fleet_with_more_heartbeats_judges_on_them_and_the_first_fleet_does_no
     assert fleet.adding({}) is fleet
 
 
-names = st.sampled_from([f"c-{n}" for n in range(8)])
-beats = st.dictionaries(names, st.integers(0, 5))
+names = st.sampled_from([ConsumerName(f"c-{n}") for n in range(8)])
+beats = st.dictionaries(names, st.builds(Heartbeat, st.sampled_from([FRESH.at, STALE.at])))
 
 
 @given(top=beats, base=beats)
-def test_layered_reads_as_the_two_merged(top: dict[str, int], base: dict[str, int]) -> None:
-    layered = Layered(top, base)
+def test_added_heartbeats_read_as_the_two_merged(
+    top: dict[ConsumerName, Heartbeat], base: dict[ConsumerName, Heartbeat]
+) -> None:
+    layered = replace(evidence(), consumer_heartbeats=base).adding(top).consumer_heartbeats
     merged = {**base, **top}
     assert dict(layered) == merged and len(layered) == len(merged)
-    for name in [f"c-{n}" for n in range(9)]:
+    for name in [ConsumerName(f"c-{n}") for n in range(9)]:
         assert layered.get(name) == merged.get(name)
-        assert layered.get(name, -1) == merged.get(name, -1)
+        assert layered.get(name, STALE) == merged.get(name, STALE)
         assert (name in layered) == (name in merged)
