@@ -185,10 +185,11 @@ class _Scan:
         """Plan and apply on every node at once; a node that fails is left out on a cluster
         (`Reading.go_on_without`), and counted."""
         self.report.streams = len(world.streams)
-        # The heartbeats each node's groups read besides the evidence's, one list per node.
-        read: list[list[Mapping[ConsumerName, Heartbeat]]] = [[] for _ in world.nodes]
+        # The heartbeats the groups read besides the evidence's: gathered here, judged on by
+        # no group (each is judged on its own), used once every node is done.
+        read: dict[ConsumerName, Heartbeat] = {}
         outcomes = await asyncio.gather(
-            *(self.node(nr, beats) for nr, beats in zip(world.nodes, read, strict=True)),
+            *(self.node(node_reading, read) for node_reading in world.nodes),
             return_exceptions=True,
         )
         for node_reading, outcome in zip(world.nodes, outcomes, strict=True):
@@ -196,9 +197,7 @@ class _Scan:
                 world.go_on_without(self.topology, node_reading.node.name, outcome)
         # What follows the moves judges the consumers that received entries on the heartbeats
         # they were chosen on.
-        self.fleet = self.fleet.adding(
-            {c: b for node in read for part in node for c, b in part.items()}
-        )
+        self.fleet = self.fleet.adding(read)
         self.evidence = self.fleet.evidence
         self.report.nodes_failed = sorted(world.failed)
         if self.metrics is not None:
@@ -235,7 +234,7 @@ class _Scan:
             await _measure(world, groups, self.fleet, self.topology, self.engine, settings.tenant)
 
     async def node(
-        self, node_reading: reading.NodeReading, read: list[Mapping[ConsumerName, Heartbeat]]
+        self, node_reading: reading.NodeReading, read: dict[ConsumerName, Heartbeat]
     ) -> None:
         """Plan and apply on one node's groups; the heartbeats its groups read go to `read`."""
         report = self.report
@@ -252,7 +251,7 @@ class _Scan:
                 if not group.complete:
                     group = node_reading.groups[n] = await _in_full(node_reading, group)
                 beats = await self._own_heartbeats(group)
-                read.append(beats)
+                read.update(beats)
                 assessment = self._assess(group, self.fleet.adding(beats))
             report.consumers_down += len(assessment.down)
             report.consumers_degraded += sum(
