@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rig_conductor.adapters.postgres import migrations
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.adapters.redis.client import AnyRedis
-from rig_conductor.agent import Entry, run_agent
+from rig_conductor.agent import Entry, Handler, run_agent
 from rig_conductor.agent.settings import AgentSettings
 from rig_conductor.app import create_app
 from rig_conductor.domain import EventKind
@@ -348,16 +348,7 @@ class _Crew:
     async def doomed_take_work(self) -> None:
         """Start builder-b's workers; return once each is stuck in the build of one issue."""
         for consumer in DOOMED:
-            agent = run_agent(
-                self._hang,
-                agent_id=DOOMED_AGENT,
-                group=GROUP,
-                settings=self.settings,
-                stream=STREAM,
-                consumer=consumer,
-                block_ms=BLOCK_MS,
-            )
-            self.doomed.append(asyncio.create_task(agent, name=consumer))
+            self.doomed.append(self._worker(self._hang, DOOMED_AGENT, consumer))
         await self.all_building.wait()
 
     async def _hang(self, entry: Entry) -> None:
@@ -380,17 +371,23 @@ class _Crew:
         )
 
     def start_live(self, agent_id: str, consumer: str) -> None:
+        self.live.append(self._worker(self._build, agent_id, consumer, stop=self.live_stop))
+
+    def _worker(
+        self, handler: Handler, agent_id: str, consumer: str, *, stop: asyncio.Event | None = None
+    ) -> asyncio.Task[None]:
+        """One worker of the demo's group on its stream, as a task named after its consumer."""
         agent = run_agent(
-            self._build,
+            handler,
             agent_id=agent_id,
             group=GROUP,
             settings=self.settings,
             stream=STREAM,
             consumer=consumer,
-            stop=self.live_stop,
+            stop=stop,
             block_ms=BLOCK_MS,
         )
-        self.live.append(asyncio.create_task(agent, name=consumer))
+        return asyncio.create_task(agent, name=consumer)
 
     async def _build(self, entry: Entry) -> None:
         await asyncio.sleep(self.build_s)  # the work

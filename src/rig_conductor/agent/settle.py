@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent import staging
@@ -26,6 +27,8 @@ from rig_conductor.agent.conductor import (
 )
 
 logger = logging.getLogger(__name__)
+
+A = TypeVar("A")
 
 # What `recover` says when the accepted outputs are found nowhere: the entry runs again.
 REOPENED = "reopened"
@@ -59,15 +62,13 @@ class Settler:
     ) -> int | tuple[str, int | None]:
         """WORK_STARTED: the attempt to run, or what became of the entry when there is none (a
         done entry is published and acked here; one whose outputs were lost runs again)."""
-        try:
-            answer = await self._conductor.work_started(
-                stream=self.stream, entry_id=entry_id, issue_id=issue
-            )
-        except ConductorUnavailable as exc:
-            self._on_conductor_down()
-            return f"left pending: conductor unreachable for WORK_STARTED ({exc})", None
-        except ConductorRejected as exc:
-            return f"left pending: WORK_STARTED rejected ({exc})", None
+        answer = await self._ask(
+            self._conductor.work_started(stream=self.stream, entry_id=entry_id, issue_id=issue),
+            unanswered="conductor unreachable for WORK_STARTED",
+            rejected="WORK_STARTED rejected",
+        )
+        if isinstance(answer, str):
+            return answer, None
         if isinstance(answer, FencedAnswer):
             if answer.done and not reopened:
                 outcome = await self.recover(entry_id, issue, answer)
@@ -84,15 +85,15 @@ class Settler:
     ) -> tuple[str, int | None]:
         """Ask the conductor to dead-letter the entry (reaper step 7's copy, its stream and
         fields). An entry whose completion was accepted is published and acked instead."""
-        try:
-            answer = await self._conductor.dead_letter(
+        answer = await self._ask(
+            self._conductor.dead_letter(
                 stream=self.stream, entry_id=entry_id, issue_id=issue, reason=reason
-            )
-        except ConductorUnavailable as exc:
-            self._on_conductor_down()
-            return f"left pending: DEAD_LETTER not answered ({exc})", None
-        except ConductorRejected as exc:
-            return f"left pending: DEAD_LETTER rejected ({exc})", None
+            ),
+            unanswered="DEAD_LETTER not answered",
+            rejected="DEAD_LETTER rejected",
+        )
+        if isinstance(answer, str):
+            return answer, None
         if isinstance(answer, FencedAnswer):
             if answer.done:
                 return await self.recover(entry_id, issue, answer), answer.attempt
@@ -101,6 +102,17 @@ class Settler:
             f"dead-lettered ({reason}) to {answer.dlq_stream} after {answer.deliveries} deliveries",
             None,
         )
+
+    async def _ask(self, request: Awaitable[A], *, unanswered: str, rejected: str) -> A | str:
+        """The conductor's answer to `request`; or, when it gives none, why the entry is left
+        pending (an unreachable conductor is reported down first)."""
+        try:
+            return await request
+        except ConductorUnavailable as exc:
+            self._on_conductor_down()
+            return f"left pending: {unanswered} ({exc})"
+        except ConductorRejected as exc:
+            return f"left pending: {rejected} ({exc})"
 
     async def complete(
         self, entry_id: str, issue: str | None, attempt: int, files: Sequence[staging.StagedFile]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, text, true
+from sqlalchemy import Select, Table, func, select, text, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
@@ -137,33 +137,24 @@ async def assignment_rows(
 ) -> dict[str | None, AssignmentRow]:
     """The entry's attempts in each group that works on it, by group: the first group's row
     (None: a row from before groups were recorded) and every other group's."""
-    first = select(
-        assignments.c.group_name,
-        assignments.c.state,
-        assignments.c.consumer,
-        assignments.c.attempt,
-        assignments.c.issue_id,
-    ).where(
-        assignments.c.tenant == tenant,
-        assignments.c.stream == entry.stream,
-        assignments.c.entry_id == entry.entry_id,
-    )
-    others = select(
-        group_assignments.c.group_name,
-        group_assignments.c.state,
-        group_assignments.c.consumer,
-        group_assignments.c.attempt,
-        group_assignments.c.issue_id,
-    ).where(
-        group_assignments.c.tenant == tenant,
-        group_assignments.c.stream == entry.stream,
-        group_assignments.c.entry_id == entry.entry_id,
-    )
+    first = _assignments_of(assignments, tenant=tenant, entry=entry)
+    others = _assignments_of(group_assignments, tenant=tenant, entry=entry)
     async with engine.connect() as conn:
         return {
             row.group_name: AssignmentRow(row.state, row.consumer, row.attempt, row.issue_id)
             for row in await conn.execute(first.union_all(others))
         }
+
+
+def _assignments_of(table: Table, *, tenant: str, entry: EntryRef) -> Select[Any]:
+    """The entry's rows of one assignment table (both have the same columns)."""
+    return select(
+        table.c.group_name, table.c.state, table.c.consumer, table.c.attempt, table.c.issue_id
+    ).where(
+        table.c.tenant == tenant,
+        table.c.stream == entry.stream,
+        table.c.entry_id == entry.entry_id,
+    )
 
 
 # The entries' rows after the cursor, RECLAIMED batches that name them included, then runs of

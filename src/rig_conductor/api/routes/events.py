@@ -224,13 +224,7 @@ async def _work(event: schemas.WorkEvent, rt: Runtime) -> JSONResponse:
             outcome.attempt,
             outcome.state,
         )
-        fenced = schemas.Fenced(
-            detail=_fenced_detail(outcome.state),
-            attempt=outcome.attempt,
-            state=outcome.state,
-            outputs=_outputs(outcome.outputs),
-        )
-        return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
+        return _fenced(outcome)
     if event.type == EventKind.WORK_STARTED:
         return JSONResponse(
             schemas.WorkStarted(attempt=outcome.attempt).model_dump(by_alias=True), status_code=202
@@ -267,14 +261,7 @@ async def _dead_letter(event: schemas.DeadLetterEvent, rt: Runtime) -> JSONRespo
         body = schemas.Fenced(detail=f"refused: {outcome.why}", attempt=0, state="not-held")
         return JSONResponse(body.model_dump(by_alias=True, exclude_none=True), status_code=409)
     if isinstance(outcome, agent_dead_letter.Done):
-        done = outcome.finished
-        fenced = schemas.Fenced(
-            detail=_fenced_detail(done.state),
-            attempt=done.attempt,
-            state=done.state,
-            outputs=_outputs(done.outputs),
-        )
-        return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
+        return _fenced(outcome.finished)
     result = schemas.DeadLetterResult(
         stream=event.stream,
         entry_id=outcome.entry_id,
@@ -312,6 +299,18 @@ def _report(event: schemas.WorkEvent, *, group: str | None, held: bool) -> work.
         held=held,
         group=group,
     )
+
+
+def _fenced(outcome: work.WorkOutcome) -> JSONResponse:
+    """409 for a report that lost to the entry's current attempt, or about an entry already
+    done: its attempt and state, and a done entry's outputs still to publish."""
+    fenced = schemas.Fenced(
+        detail=_fenced_detail(outcome.state),
+        attempt=outcome.attempt,
+        state=outcome.state,
+        outputs=_outputs(outcome.outputs),
+    )
+    return JSONResponse(fenced.model_dump(by_alias=True, exclude_none=True), status_code=409)
 
 
 def _outputs(outputs: tuple[StagedOutput, ...]) -> list[schemas.StagedOutputModel] | None:

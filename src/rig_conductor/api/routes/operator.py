@@ -13,6 +13,7 @@ from rig_conductor import domain, roles
 from rig_conductor.adapters import failures
 from rig_conductor.api import schemas, work_schemas
 from rig_conductor.api.deps import Runtime, caller, runtime
+from rig_conductor.api.paging import link_next
 from rig_conductor.domain import StreamKey
 from rig_conductor.operations import moves, views
 
@@ -56,8 +57,7 @@ async def group_pending(
     except failures.RefusedRequest as exc:
         raise HTTPException(404, detail=f"no group {group!r} on stream {stream!r}") from exc
     if len(rows) == limit:
-        query = request.url.include_query_params(after=rows[-1].id).query
-        response.headers["Link"] = f'<?{query}>; rel="next"'
+        link_next(request, response, rows[-1].id)
     return [
         work_schemas.PendingView(
             entry_id=row.id,
@@ -134,8 +134,7 @@ async def reclaims(
         before_id=after,
     )
     if len(rows) == limit:
-        query = request.url.include_query_params(after=rows[-1].id).query
-        response.headers["Link"] = f'<?{query}>; rel="next"'
+        link_next(request, response, rows[-1].id)
     return [
         work_schemas.ReclaimView(
             at=row.occurred_at,

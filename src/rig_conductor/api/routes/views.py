@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from rig_conductor import domain, roles
 from rig_conductor.api import schemas
 from rig_conductor.api.deps import Runtime, caller, require, runtime
+from rig_conductor.api.paging import link_next
 from rig_conductor.operations import measured, views
 from rig_conductor.scan_report import ScanReport
 
@@ -38,7 +39,7 @@ async def list_agents(
     consumers and `consumerCount`. A full page carries a `Link: rel="next"` header."""
     rows = await views.agents(rt, after=after, limit=limit)
     if len(rows) == limit:
-        _link_next(request, response, rows[-1].agent_id)
+        link_next(request, response, rows[-1].agent_id)
     return [_agent_view(agent) for agent in rows]
 
 
@@ -64,15 +65,8 @@ async def one_agent(
     if row is None:
         raise HTTPException(404, detail=f"no agent {agent_id!r}")
     if len(row.consumers) == limit:
-        _link_next(request, response, row.consumers[-1])
+        link_next(request, response, row.consumers[-1])
     return _agent_view(row)
-
-
-def _link_next(request: Request, response: Response, last: str) -> None:
-    """The next page, as a reference relative to this one (query only), so it holds under
-    RIG_HTTP_ROOT_PATH whether the ingress strips the prefix or not."""
-    query = request.url.include_query_params(after=last).query
-    response.headers["Link"] = f'<?{query}>; rel="next"'
 
 
 def _agent_view(agent: views.AgentRow) -> schemas.AgentView:
@@ -106,7 +100,7 @@ async def list_streams(
     page = await measured.streams_json(rt, after=after, limit=limit)
     answer = Response(page.body, media_type="application/json")
     if page.streams == limit and page.last is not None:
-        _link_next(request, answer, page.last)
+        link_next(request, answer, page.last)
     return answer
 
 
@@ -136,7 +130,7 @@ async def group_consumers(
     except LookupError as exc:
         raise HTTPException(404, detail=str(exc)) from None
     if len(rows) == limit:
-        _link_next(request, response, rows[-1].name)
+        link_next(request, response, rows[-1].name)
     return [
         schemas.GroupConsumerView(
             name=row.name,

@@ -11,6 +11,7 @@ from pydantic import AfterValidator
 from rig_conductor import domain
 from rig_conductor.api import schemas, work_schemas
 from rig_conductor.api.deps import Runtime, runtime
+from rig_conductor.api.paging import link_next
 from rig_conductor.domain import EntryId, StreamKey
 from rig_conductor.operations import views, work_story
 
@@ -95,8 +96,7 @@ def _document(told: work_story.Story, request: Request) -> Response:
     ]
     answer = JSONResponse(body)
     if told.next_after is not None:
-        query = request.url.include_query_params(after=told.next_after).query
-        answer.headers["Link"] = f'<?{query}>; rel="next"'
+        link_next(request, answer, told.next_after)
     return answer
 
 
