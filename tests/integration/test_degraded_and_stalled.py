@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres import intake, queries, work
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
+from rig_conductor.policy import degraded
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
@@ -41,12 +42,14 @@ async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> dat
 async def since(
     engine: AsyncEngine,
 ) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
+    """Rule 3b's run start as policy decides it from what PostgreSQL recorded: per agent (for
+    its consumers that never heartbeat by name) and per consumer that heartbeats by name."""
     evidence = await queries.load_evidence(
         engine, tenant="default", configured_agents=(), down_ms=60_000
     )
     return (
-        {a: hb.degraded_since for a, hb in evidence.agent_heartbeats.items()},
-        {c: hb.degraded_since for c, hb in evidence.consumer_heartbeats.items()},
+        {a: degraded.run_start(None, hb) for a, hb in evidence.agent_heartbeats.items()},
+        {c: degraded.run_start(hb, None) for c, hb in evidence.consumer_heartbeats.items()},
     )
 
 
