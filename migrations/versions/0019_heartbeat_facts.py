@@ -15,7 +15,11 @@ when, and `rig_conductor.policy.degraded.run_start` decides the run from that:
   the latest heartbeat of the agent of any kind.
 
 Beside them the rows keep their open liveness interval (`heard_since`, `beats`, migration
-0013) and `liveness` the closed ones, unchanged.
+0013) and `liveness` the closed ones, unchanged. Those alone do not tell the run: an interval
+ends at a silence longer than the break, which a run outlives (it spans every interval since
+the last healthy heartbeat, however many, and `liveness` is not indexed by owner), an agent's
+intervals mix its heartbeats naming a consumer with those naming none, and a change and a
+change back within one batch ends no interval.
 
 Expand-safe for a rolling upgrade (N-1 replicas beside N): the columns are new and nullable,
 and the function keeps its signature `rig_record_heartbeats(text, jsonb, interval) RETURNS
@@ -32,7 +36,9 @@ start). An agent with a `degraded_since` was last heard degraded without naming 
 (when last is not known: its run's first heartbeat stands in); one without may have been heard
 healthy that way or not at all, and is left NULL, which rule 3b reads alike.
 
-Same cost per batch: one statement, the same rows written.
+Same cost per batch: one statement, the same rows written; each upserted row looks its batch
+up once (0014's agents did twice). Adding the columns takes no table rewrite, and only degraded
+rows are filled in, so the tables' lock is short.
 
 Revision ID: 0019
 Revises: 0018
