@@ -180,13 +180,18 @@ class Limits:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """The latest heartbeat of an agent or of one consumer, stamped with the server's clock."""
+    """The latest heartbeat of an agent or of one consumer, stamped with the server's clock,
+    with the facts rule 3b decides on (`policy.degraded`)."""
 
     at: datetime
     degraded: bool = False
-    # Receipt time of the first heartbeat of the unbroken degraded run this one belongs to;
-    # None when not degraded. For an agent: of the heartbeats that name no consumer.
-    degraded_since: datetime | None = None
+    # Receipt time of the first of the heartbeats since which every one has reported this
+    # `degraded`, whatever the gaps between them; None when not known. A consumer's: of the
+    # heartbeats naming it. An agent's is not kept (see `anonymous`).
+    status_since: datetime | None = None
+    # An agent's: its latest heartbeat that named no consumer, with its own `status_since`;
+    # None when none was heard (and for a consumer).
+    anonymous: Heartbeat | None = None
 
 
 @dataclass(frozen=True, slots=True)

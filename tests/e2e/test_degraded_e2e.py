@@ -8,7 +8,7 @@ audit over the run (`rig-conductor audit`) finds nothing lost and nothing done t
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -17,7 +17,10 @@ from redis.asyncio import Redis
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres.tables import consumer_heartbeats, events
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres.tables import events
+from rig_conductor.domain import ConsumerName
+from rig_conductor.policy import degraded
 from tests.integration.helpers import serve, wait_for
 
 from .fleet import (
@@ -43,13 +46,13 @@ GRACE_S, SCAN_S = 1.5, 0.5
 DEGRADED_PAUSE_S = 600
 
 
-async def first_degraded_heartbeat(engine: AsyncEngine, consumer: str) -> object:
-    """The receipt of the first heartbeat of the consumer's degraded run (rule 3b's clock)."""
-    query = select(consumer_heartbeats.c.degraded_since).where(
-        consumer_heartbeats.c.consumer == consumer
-    )
-    async with engine.connect() as conn:
-        return (await conn.execute(query)).scalar_one()
+async def first_degraded_heartbeat(engine: AsyncEngine, consumer: str) -> datetime:
+    """The receipt of the first heartbeat of the consumer's degraded run (rule 3b's clock), as
+    policy decides it from what PostgreSQL recorded."""
+    beats = await queries.own_heartbeats(engine, tenant="default", consumers=[consumer])
+    since = degraded.run_start(beats.get(ConsumerName(consumer)), None)
+    assert since is not None, f"{consumer} is not degraded"
+    return since
 
 
 async def test_a_degraded_owner_loses_its_reviews_to_the_healthy_consumers(

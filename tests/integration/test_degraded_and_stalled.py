@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake, queries, work
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
+from rig_conductor.policy import degraded
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
@@ -24,7 +25,9 @@ S, G = "assignments:review-e", "review"
 CODEX, CLAUDE = "review-e-codex-0", "review-e-0"
 
 
-async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> datetime:
+async def beat(
+    engine: AsyncEngine, *beats: tuple[str, str | None, bool], break_ms: int = 60_000
+) -> datetime:
     """One batch of (agent, consumer, degraded); the receipt time."""
     return await intake.record_heartbeats(
         engine,
@@ -35,18 +38,21 @@ async def beat(engine: AsyncEngine, *beats: tuple[str, str | None, bool]) -> dat
             )
             for a, c, d in beats
         ],
+        break_ms=break_ms,
     )
 
 
 async def since(
     engine: AsyncEngine,
 ) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
+    """Rule 3b's run start as policy decides it from what PostgreSQL recorded: per agent (for
+    its consumers that never heartbeat by name) and per consumer that heartbeats by name."""
     evidence = await queries.load_evidence(
         engine, tenant="default", configured_agents=(), down_ms=60_000
     )
     return (
-        {a: hb.degraded_since for a, hb in evidence.agent_heartbeats.items()},
-        {c: hb.degraded_since for c, hb in evidence.consumer_heartbeats.items()},
+        {a: degraded.run_start(None, hb) for a, hb in evidence.agent_heartbeats.items()},
+        {c: degraded.run_start(hb, None) for c, hb in evidence.consumer_heartbeats.items()},
     )
 
 
@@ -81,6 +87,109 @@ async def test_only_heartbeats_naming_no_consumer_make_the_agents_run(
     assert agents["review-e-codex"] == first and consumers[CODEX] is None
     await beat(engine, ("review-e-codex", None, False))
     assert (await since(engine))[0]["review-e-codex"] is None
+
+
+async def test_a_degraded_consumers_beats_neither_start_nor_break_its_agents_run(
+    engine: AsyncEngine,
+) -> None:
+    await beat(engine, ("review-e-codex", None, False))
+    sick = await beat(engine, ("review-e-codex", CODEX, True))
+    agents, consumers = await since(engine)
+    assert agents["review-e-codex"] is None and consumers[CODEX] == sick
+    first = await beat(engine, ("review-e-codex", None, True))
+    await beat(engine, ("review-e-codex", CODEX, False), ("review-e-codex", None, True))
+    agents, consumers = await since(engine)
+    assert agents["review-e-codex"] == first and consumers[CODEX] is None
+
+
+async def test_a_flap_of_the_agents_own_beats_within_one_batch_restarts_its_run(
+    engine: AsyncEngine,
+) -> None:
+    await beat(engine, ("review-e-codex", None, True))
+    flapped = await beat(
+        engine,
+        ("review-e-codex", None, False),
+        ("review-e-codex", CODEX, True),
+        ("review-e-codex", None, True),
+    )
+    agents, consumers = await since(engine)
+    assert agents["review-e-codex"] == flapped == consumers[CODEX]
+
+
+async def heard_earlier(engine: AsyncEngine, by: str) -> None:
+    """Every time the heartbeat tables hold moved back by the interval `by`: as if heard then."""
+    later = {
+        "agent_heartbeats": (
+            "last_heartbeat_at",
+            "heard_since",
+            "degraded_since",
+            "anonymous_at",
+            "anonymous_since",
+        ),
+        "consumer_heartbeats": (
+            "last_heartbeat_at",
+            "heard_since",
+            "degraded_since",
+            "status_since",
+        ),
+    }
+    async with engine.begin() as conn:
+        for table, columns in later.items():
+            moved = ", ".join(f"{c} = {c} - interval '{by}'" for c in columns)
+            await conn.execute(text(f"UPDATE {table} SET {moved}"))
+
+
+async def test_a_silence_longer_than_the_break_ends_the_interval_not_the_run(
+    engine: AsyncEngine,
+) -> None:
+    first = await beat(engine, ("review-e-codex", None, True), ("review-e-codex", CODEX, True))
+    await heard_earlier(engine, "2 minutes")
+    await beat(engine, ("review-e-codex", None, True), ("review-e-codex", CODEX, True))
+    async with engine.connect() as conn:
+        ended = (await conn.execute(text("SELECT consumer, degraded FROM liveness"))).all()
+    # The silence of 2 minutes, longer than the break of 1, ended both intervals...
+    assert sorted(ended, key=str) == sorted([(None, True), (CODEX, True)], key=str)
+    agents, consumers = await since(engine)
+    # ...and not the run: every heartbeat of it was degraded (rule 3b).
+    assert agents["review-e-codex"] == consumers[CODEX] == first - timedelta(minutes=2)
+    await beat(engine, ("review-e-codex", None, False), ("review-e-codex", CODEX, False))
+    again = await beat(engine, ("review-e-codex", None, True), ("review-e-codex", CODEX, True))
+    assert await since(engine) == ({"review-e-codex": again}, {CODEX: again})
+
+
+async def stored_since(
+    engine: AsyncEngine,
+) -> tuple[dict[str, datetime | None], dict[str, datetime | None]]:
+    """`degraded_since` as the intake writes it, per agent and per consumer."""
+    async with engine.connect() as conn:
+        agents = await conn.execute(text("SELECT agent_id, degraded_since FROM agent_heartbeats"))
+        consumers = await conn.execute(
+            text("SELECT consumer, degraded_since FROM consumer_heartbeats")
+        )
+        return {a: at for a, at in agents}, {c: at for c, at in consumers}
+
+
+async def test_the_previous_releases_column_reads_the_run_policy_decides(
+    engine: AsyncEngine,
+) -> None:
+    """Replicas of the previous release, during a rolling upgrade, judge rule 3b on
+    `degraded_since`: the intake keeps it equal to the run start policy decides, step by step."""
+    codex, claude = ("review-e-codex", CODEX), ("review-e", CLAUDE)
+    steps: list[list[tuple[str, str | None, bool]]] = [
+        [(*codex, True), ("review-e", None, True)],
+        [(*codex, True), (*claude, False)],
+        [("review-e", None, False), (*claude, True)],
+        [(*codex, True), (*codex, False), (*codex, True)],
+        [("review-e", None, True), (*claude, True)],
+        [("review-e", None, True), ("review-e", None, False), ("review-e", None, True)],
+        [(*codex, False), ("review-e-codex", None, False)],
+        [("review-e-codex", None, True), (*codex, True)],
+    ]
+    for n, batch in enumerate(steps):
+        if n == 4:
+            await heard_earlier(engine, "2 minutes")
+        await beat(engine, *batch)
+        assert await stored_since(engine) == await since(engine), f"after step {n}"
 
 
 @pytest.fixture

@@ -75,7 +75,9 @@ async def test_sweep_matches_the_plan_of_whole_lists(
             known_agents=frozenset({AgentId("dead"), AgentId("live"), AgentId("sick")}),
             agent_heartbeats={
                 AgentId("live"): Heartbeat(now - timedelta(seconds=1)),
-                AgentId("sick"): Heartbeat(now, True, now - timedelta(seconds=5)),
+                AgentId("sick"): Heartbeat(
+                    now, True, anonymous=Heartbeat(now, True, now - timedelta(seconds=5))
+                ),
             },
         )
         group = next(

@@ -107,7 +107,8 @@ def test_a_flap_starts_a_new_run() -> None:
 
 
 def test_agent_heartbeats_without_consumer_decide_for_unnamed_consumers() -> None:
-    agents = {"review-e-codex": Heartbeat(NOW, True, NOW - timedelta(seconds=GRACE_S))}
+    run = Heartbeat(NOW, True, NOW - timedelta(seconds=GRACE_S))
+    agents = {"review-e-codex": Heartbeat(NOW, True, anonymous=run)}
     agents["review-e"] = beat(5)
     # codex never heartbeated by consumer name: its agent's run decides.
     assert outcome(plan({CLAUDE: beat(5)}, agent_beats=agents)) == f"degraded->{CLAUDE}"

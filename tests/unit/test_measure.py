@@ -74,8 +74,8 @@ def test_dead_letters_are_the_streams() -> None:
 
 
 def test_agents_up_down_and_degraded() -> None:
-    sick = Heartbeat(NOW - timedelta(seconds=1), degraded=True, degraded_since=NOW)
+    sick = Heartbeat(NOW - timedelta(seconds=1), degraded=True, status_since=NOW)
     # A degraded agent that is also silent counts as down: down outranks degraded.
-    silent_sick = Heartbeat(NOW - timedelta(hours=1), degraded=True, degraded_since=NOW)
+    silent_sick = Heartbeat(NOW - timedelta(hours=1), degraded=True, status_since=NOW)
     found = measure_fleet(fleet(a=FRESH, b=STALE, c=sick, d=silent_sick, e=FRESH))
     assert (found.up, found.down, found.degraded) == (2, 2, 1)

@@ -50,8 +50,11 @@ limits_st = st.builds(
 
 
 def _beat(age: int, degraded: bool, run: int) -> Heartbeat:
+    """A consumer's or an agent's latest heartbeat, its status `run` ms old; an agent's heard
+    without naming a consumer too (`anonymous`, which a consumer's ignores)."""
     at = NOW - timedelta(milliseconds=age)
-    return Heartbeat(at, degraded, at - timedelta(milliseconds=run) if degraded else None)
+    since = at - timedelta(milliseconds=run)
+    return Heartbeat(at, degraded, since, anonymous=Heartbeat(at, degraded, since))
 
 
 heartbeat_st = st.builds(_beat, st.integers(0, 20_000), st.booleans(), st.integers(0, 20_000))

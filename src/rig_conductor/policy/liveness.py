@@ -25,6 +25,7 @@ from rig_conductor.domain import (
 )
 from rig_conductor.policy.agents import AgentIndex
 from rig_conductor.policy.blind import blind_ms, blind_spells, heard_cutoff
+from rig_conductor.policy.degraded import run_start
 
 
 class DownReason(enum.Enum):
@@ -178,17 +179,16 @@ class Fleet:
         return OwnerVerdict(consumer, agent, tuple(reasons), max(beats) if beats else None)
 
     def degraded_since(self, consumer: ConsumerName) -> datetime | None:
-        """Start of the consumer's unbroken degraded run, if it is degraded now (rule 3b).
+        """Start of the consumer's unbroken degraded run, if it is degraded now (rule 3b,
+        `policy.degraded.run_start`).
 
         Its own heartbeats decide for a consumer that has heartbeated by name; the agent's
         heartbeats that name no consumer decide for the others.
         """
         own = self.evidence.consumer_heartbeats.get(consumer)
-        if own is not None:
-            return own.degraded_since
-        agent = self.agent_of(consumer)
+        agent = self.agent_of(consumer) if own is None else None
         beat = self.evidence.agent_heartbeats.get(agent) if agent is not None else None
-        return beat.degraded_since if beat is not None else None
+        return run_start(own, beat)
 
     def degraded_stale(self, consumer: ConsumerName) -> bool:
         """Rule 3b: degraded without a break for at least RIG_DEGRADED_GRACE_MS (when on)."""

@@ -1,5 +1,6 @@
 """Heartbeat intake: a batch of heartbeats in one statement, the latest state per agent and per
-consumer with its open liveness interval, and the direct connection the writer uses."""
+consumer with since when it holds and its open liveness interval, and the direct connection the
+writer uses."""
 
 from __future__ import annotations
 
@@ -30,18 +31,22 @@ class HeartbeatIn:
 # A batch of heartbeats in one statement, so a batch costs one round trip: the latest state per
 # agent and per consumer upserted (the last heartbeat of a key in the batch wins; keys are
 # locked in order, so concurrent batches cannot deadlock), and the liveness intervals kept.
-# `degraded_since` follows rule 3b's run (docs/rules.md): it keeps its start while every heartbeat
-# since was degraded, restarts at now() when the run broke (also within this batch), and is
-# NULL when the latest heartbeat is healthy. An agent's run counts only heartbeats that name no
-# consumer: a consumer's own heartbeats decide for that consumer alone.
+# The statement records what was heard and decides no rule (migration 0019). Each row holds,
+# beside its latest `degraded`, since when every heartbeat has reported that value, whatever the
+# gaps between them (`status_since`; a change and a change back within one batch start it anew,
+# at the batch's time): for a consumer, of the heartbeats naming it; for an agent, of those
+# naming no consumer (`anonymous_at`, `anonymous_degraded`, `anonymous_since`), while its
+# `degraded` is its latest heartbeat of any kind. Rule 3b's run is decided from them in policy
+# (`policy.degraded.run_start`, docs/rules.md). `degraded_since` is still written, from the same
+# facts, for the previous release's readers during a rolling upgrade; nothing here reads it.
 # Each row also holds its open liveness interval (`heard_since`, `beats`). A heartbeat after a
 # gap longer than %(break)s, or with another `degraded` than the row's, ends it: the interval
 # is appended to `liveness` (read before the upsert, in the statement's snapshot) and a new one
 # starts now. Nothing else is appended: durable storage grows with changes, not with beats.
-# The statement is the function `rig_record_heartbeats` (migration 0014), so that PostgreSQL
-# plans it once per connection rather than once per batch (planning was most of a batch's time),
-# with nothing prepared on the connection (PgBouncer). Constant text whatever the batch size:
-# one statement, one round trip.
+# The statement is the function `rig_record_heartbeats` (migrations 0014, 0019), so that
+# PostgreSQL plans it once per connection rather than once per batch (planning was most of a
+# batch's time), with nothing prepared on the connection (PgBouncer). Constant text whatever the
+# batch size: one statement, one round trip.
 _HEARTBEATS_SQL = "SELECT rig_record_heartbeats(%(tenant)s, %(batch)s::jsonb, %(break)s)"
 
 

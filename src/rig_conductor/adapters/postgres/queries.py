@@ -72,15 +72,18 @@ async def load_evidence(
     """
     async with engine.connect() as conn:
         now: datetime = (await conn.execute(select(func.now()))).scalar_one()
+        a = agent_heartbeats.c
         agent_rows = await conn.execute(
             select(
-                agent_heartbeats.c.agent_id,
-                agent_heartbeats.c.last_heartbeat_at,
-                agent_heartbeats.c.degraded,
-                agent_heartbeats.c.degraded_since,
-            ).where(agent_heartbeats.c.tenant == tenant)
+                a.agent_id,
+                a.last_heartbeat_at,
+                a.degraded,
+                a.anonymous_at,
+                a.anonymous_degraded,
+                a.anonymous_since,
+            ).where(a.tenant == tenant)
         )
-        agents = {AgentId(a): Heartbeat(*beat) for a, *beat in agent_rows}
+        agents = {AgentId(row[0]): _agent_heartbeat(*row[1:]) for row in agent_rows}
         consumer_beats = await _own_heartbeats(conn, tenant, consumers)
         heard = await listening.heard(conn, tenant=tenant)
         moved_to = await move_targets.since(
@@ -100,6 +103,20 @@ async def load_evidence(
     )
 
 
+def _agent_heartbeat(
+    at: datetime,
+    degraded: bool,
+    anonymous_at: datetime | None,
+    anonymous_degraded: bool | None,
+    anonymous_since: datetime | None,
+) -> Heartbeat:
+    """An agent's row: its latest heartbeat, and the latest of those naming no consumer."""
+    if anonymous_degraded is None:
+        return Heartbeat(at, degraded)
+    anonymous = Heartbeat(anonymous_at or at, anonymous_degraded, anonymous_since)
+    return Heartbeat(at, degraded, anonymous=anonymous)
+
+
 async def own_heartbeats(
     engine: AsyncEngine, *, tenant: str, consumers: Collection[str]
 ) -> dict[ConsumerName, Heartbeat]:
@@ -115,7 +132,7 @@ async def _own_heartbeats(
         consumer_heartbeats.c.consumer,
         consumer_heartbeats.c.last_heartbeat_at,
         consumer_heartbeats.c.degraded,
-        consumer_heartbeats.c.degraded_since,
+        consumer_heartbeats.c.status_since,
     ).where(consumer_heartbeats.c.tenant == tenant)
     if consumers is not None:
         # The names as rows joined on the primary key: a lookup each, whatever the table's
@@ -313,7 +330,7 @@ WITH page AS (
          WHERE agent_id > :after
     ) ids ORDER BY agent_id LIMIT :limit
 )
-SELECT p.agent_id, a.last_heartbeat_at, a.degraded, a.degraded_since, a.degraded_reasons
+SELECT p.agent_id, a.last_heartbeat_at, a.degraded, a.degraded_reasons
   FROM page p LEFT JOIN agent_heartbeats a ON a.tenant = :tenant AND a.agent_id = p.agent_id
  ORDER BY p.agent_id
 """
@@ -359,10 +376,10 @@ async def agents_page(
     return now, [
         AgentState(
             AgentId(agent_id),
-            Heartbeat(at, degraded, since) if at is not None else None,
+            Heartbeat(at, degraded) if at is not None else None,
             tuple(reasons or ()),
         )
-        for agent_id, at, degraded, since, reasons in rows
+        for agent_id, at, degraded, reasons in rows
     ]
 
 
@@ -404,7 +421,7 @@ async def agent_state(
 ) -> tuple[datetime, AgentState | None]:
     """One agent's latest heartbeat (None when it has no row), and PostgreSQL's `now()`."""
     a = agent_heartbeats.c
-    query = select(a.last_heartbeat_at, a.degraded, a.degraded_since, a.degraded_reasons).where(
+    query = select(a.last_heartbeat_at, a.degraded, a.degraded_reasons).where(
         a.tenant == tenant, a.agent_id == agent
     )
     async with engine.connect() as conn:
@@ -412,5 +429,5 @@ async def agent_state(
         row = (await conn.execute(query)).first()
     if row is None:
         return now, None
-    at, degraded, since, reasons = row
-    return now, AgentState(AgentId(agent), Heartbeat(at, degraded, since), tuple(reasons))
+    at, degraded, reasons = row
+    return now, AgentState(AgentId(agent), Heartbeat(at, degraded), tuple(reasons))

@@ -32,11 +32,18 @@ agent_heartbeats = Table(
     Column("degraded", Boolean, nullable=False, server_default=text("false")),
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Written for the readers of the previous release only (migration 0019): nothing reads it.
     Column("degraded_since", DateTime(timezone=True)),
     # The open liveness interval (migration 0013): heard without a break since `heard_since`,
     # `beats` heartbeats in it. A break moves it to `liveness`.
     Column("heard_since", DateTime(timezone=True)),
     Column("beats", BigInteger, nullable=False, server_default=text("0")),
+    # The agent's heartbeats that name no consumer (migration 0019): the latest one's time and
+    # `degraded`, and since when every one of them has reported that `degraded`, whatever the
+    # gaps between them. NULL: none heard. (`degraded` above is its latest heartbeat of any kind.)
+    Column("anonymous_at", DateTime(timezone=True)),
+    Column("anonymous_degraded", Boolean),
+    Column("anonymous_since", DateTime(timezone=True)),
     # Who is silent past RIG_AGENT_FORGET_MS (migration 0009). Pages go by the primary key.
     Index("ix_agent_heartbeats_heard", "tenant", "last_heartbeat_at"),
 )
@@ -51,9 +58,13 @@ consumer_heartbeats = Table(
     Column("degraded", Boolean, nullable=False, server_default=text("false")),
     Column("degraded_reasons", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Written for the readers of the previous release only (migration 0019): nothing reads it.
     Column("degraded_since", DateTime(timezone=True)),
     Column("heard_since", DateTime(timezone=True)),
     Column("beats", BigInteger, nullable=False, server_default=text("0")),
+    # Since when every heartbeat naming the consumer has reported its `degraded`, whatever the
+    # gaps between them (migration 0019). NULL: not known (a healthy row from before 0019).
+    Column("status_since", DateTime(timezone=True)),
     # An agent's consumers by name (pages), freshest first (its 10 listed), and who is silent
     # past RIG_AGENT_FORGET_MS (migration 0009).
     Index("ix_consumer_heartbeats_agent", "tenant", "agent_id", "consumer"),
