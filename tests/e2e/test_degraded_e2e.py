@@ -24,6 +24,7 @@ from rig_conductor.policy import degraded
 from tests.integration.helpers import serve, wait_for
 
 from .fleet import (
+    AUDITED_TEST_S,
     Fleet,
     accepted_completions,
     conductor_env,
@@ -33,7 +34,7 @@ from .fleet import (
     run_audit,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(AUDITED_TEST_S)  # it ends with a Spark audit
 
 STREAM, GROUP = "assignments:review-e", "review"
 CODEX = ("review-e-codex", "review-e-codex-rig-agent-runtime-0")

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from rig_conductor import redis_rights
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.settings import Settings
+from tests.e2e.fleet import AUDITED_TEST_S
 
 from .servers import (
     Cluster,
@@ -34,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
             # As the end-to-end tier: a core-loop test ends with a Spark audit, which takes
             # minutes, not seconds, on a loaded 2-core machine.
-            item.add_marker(pytest.mark.timeout(300))
+            item.add_marker(pytest.mark.timeout(AUDITED_TEST_S))
 
 
 @pytest.fixture(scope="session")
