@@ -45,7 +45,7 @@ from rig_conductor.reaper import cycle  # noqa: E402
 from rig_conductor.settings import Settings  # noqa: E402
 from tests.audit_conftest import jdbc_ready_fixture, spark_fixture  # noqa: E402, F401
 
-from .helpers import read  # noqa: E402
+from .helpers import port, read  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -284,7 +284,9 @@ async def build(world: World, make_settings: Callable[..., Settings]) -> dict[st
         agent_down_ms=DOWN_MS_FOR_THE_REAPER,
         max_deliveries=3,
     )
-    scan = await cycle.reap_once(redis=redis, engine=world.engine, settings=reaper)
+    scan = await cycle.reap_once(
+        redis=redis, engine=world.engine, settings=reaper, effects=port(world.engine, reaper)
+    )
     assert (scan.reclaimed, scan.dead_lettered) == (3, 1), scan.model_dump(by_alias=True)
     owners = await redis.xpending_range(S, G, min="-", max="+", count=100)
     target = next(r["consumer"] for r in owners if r["message_id"] == world.entries["rc-12"][1])
@@ -451,7 +453,13 @@ async def test_the_audit_finds_exactly_what_was_planted(
     assert (verdict.dispatched, verdict.lost, verdict.duplicates) == (24, 4, 3)
     metrics = Metrics()
     assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 0  # exposed from start
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 4
     assert metrics.registry.get_sample_value("rig_audit_duplicate_issues") == 3
     finished = metrics.registry.get_sample_value("rig_audit_last_finished_timestamp_seconds")

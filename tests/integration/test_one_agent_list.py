@@ -17,7 +17,7 @@ from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.reaper.cycle import reap_once
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, owners, port, read, register
 
 S, G = "rig:dispatch", "workers"
 
@@ -34,7 +34,9 @@ async def test_an_agent_named_only_by_its_token_is_known_to_the_reaper(
         streams=(S,), agent_tokens="dev-e:dev-e-token-0123456789", entry_stale_ms=0
     )
     assert settings.agent_ids == ()  # named by its token only
-    report = await reap_once(redis=redis, engine=engine, settings=settings)
+    report = await reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 2
     assert await owners(redis, S, G) == dict.fromkeys(ids, "zz-0")
 

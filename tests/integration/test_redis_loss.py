@@ -28,6 +28,7 @@ from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
 from .console_kit import AGENT, client_of
+from .helpers import port
 
 S = StreamKey("rig:dispatch")
 HOLDER = "builder-pod-0"
@@ -142,7 +143,13 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
         engine, tenant="default", stream=S, group="builders", entries=[(dead, "rc-dead", 5)]
     )
 
-    first = await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    first = await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert (first.redis_data_lost, first.redispatched) == ([], 0)
     epoch = await redis.get(redis_keys.epoch_key(S))
     async with engine.connect() as conn:
@@ -150,11 +157,19 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
 
     await redis.flushdb()  # Redis lost everything: streams, groups, markers, the epoch
 
-    dry = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=True)
+    dry = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=True)
+    )
     assert (dry.redis_data_lost, dry.redispatched) == ([S], 3)
     assert await redis.exists(S, redis_keys.epoch_key(S)) == 0  # a dry run changes nothing
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    scan = await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 3)
     issues = await stream_issues(redis)
     assert sorted(issues) == ["rc-failed", "rc-new", "rc-started"]
@@ -195,7 +210,9 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
 
     assert metrics.redis_data_losses.labels(S)._value.get() == 1
     assert metrics.redispatched.labels(S, "redis-data-loss")._value.get() == 3
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched, await redis.xlen(S)) == ([], 0, 3)
 
 
@@ -224,11 +241,18 @@ async def test_two_conductors_recovering_at_once_append_each_dispatch_once(
         entry_id = await dispatched(redis, engine, issue)
         if issue.endswith("0"):
             await report(engine, "WORK_STARTED", entry_id, issue)
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
 
     scans = await asyncio.gather(
-        *(cycle.reap_once(redis=redis, engine=engine, settings=settings) for _ in range(2))
+        *(
+            cycle.reap_once(
+                redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+            )
+            for _ in range(2)
+        )
     )
 
     assert sum(s.redispatched for s in scans) == len(issues)
@@ -245,14 +269,18 @@ async def test_a_dispatch_the_client_retried_first_is_followed_not_appended_twic
     settings = make_settings(streams=(S,), dispatch_stream=S)
     lost = await dispatched(redis, engine, "rc-retried")
     await report(engine, "WORK_STARTED", lost, "rc-retried")
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     # The client retries before the next scan: its append wins the key; the record keeps the
     # lost entry (a repeat records nothing new).
     retried = await dispatched(redis, engine, "rc-retried")
     assert retried != lost and await recorded_entry(engine, "rc-retried") == lost
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched, await redis.xlen(S)) == ([S], 1, 1)
     assert await recorded_entry(engine, "rc-retried") == retried
@@ -266,11 +294,15 @@ async def test_an_entry_its_holder_completed_before_the_scan_is_not_appended_aga
     settings = make_settings(streams=(S,), dispatch_stream=S)
     held = await dispatched(redis, engine, "rc-held")
     await report(engine, "WORK_STARTED", held, "rc-held")
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     assert (await report(engine, "WORK_COMPLETED", held, "rc-held", attempt=1)).accepted
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched, await redis.exists(S)) == ([S], 0, 0)
     assert await completions(engine, "rc-held") == 1
@@ -282,7 +314,9 @@ async def test_a_recovery_cut_off_half_way_is_finished_by_the_next_scan(
     settings = make_settings(streams=(S,), dispatch_stream=S)
     for issue in ("rc-a", "rc-b"):
         await dispatched(redis, engine, issue)
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     # A conductor found the loss, set a new marker, appended rc-a and died before recording
     # anything in PostgreSQL.
@@ -291,14 +325,18 @@ async def test_a_recovery_cut_off_half_way_is_finished_by_the_next_scan(
         redis, stream=S, key="rc-a", fields=fields("rc-a"), remember_s=3600
     )
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 2)
     found = await stream_issues(redis)
     assert sorted(found) == ["rc-a", "rc-b"] and found["rc-a"] == appended
     async with engine.connect() as conn:
         assert await conn.scalar(select(redis_epochs.c.epoch)) == "set-by-a-conductor-that-died"
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
 
 
@@ -348,10 +386,14 @@ async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
         outputs=(staged,),
     )  # fmt: skip
     assert completed.accepted
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 2)
     issues = await stream_issues(redis)
     assert sorted(issues) == ["rc-a", "rc-c"]
@@ -378,7 +420,9 @@ async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
             ).all()
         )
     assert carried_from == {"builders": lagging, "reviewers": unpublished}
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
 
 

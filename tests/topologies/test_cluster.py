@@ -23,7 +23,7 @@ from rig_conductor.domain import AgentId, ConsumerName, Pods, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests.integration.console_kit import OPERATOR, client_of, sign_in
-from tests.integration.helpers import fill, idle_at_least, owners, read, register
+from tests.integration.helpers import fill, idle_at_least, owners, port, read, register
 
 from .servers import Cluster
 
@@ -78,7 +78,9 @@ async def test_streams_on_every_primary_are_found_and_reclaimed(
     settings = reaper_settings(settings_for, cluster_env)
     topology = Topology(cluster_client, settings)
     try:
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert (report.streams, report.groups, report.reclaimed) == (9, 9, 9 * PER_STREAM)
@@ -114,7 +116,11 @@ async def test_groups_on_different_primaries_are_judged_on_heartbeats_of_their_o
     topology = Topology(cluster_client, settings)
     try:
         report = await cycle.reap_once(
-            redis=topology, engine=engine, settings=settings, pods=Pods({}, listed=True)
+            redis=topology,
+            engine=engine,
+            settings=settings,
+            pods=Pods({}, listed=True),
+            effects=port(engine, settings),
         )
     finally:
         await topology.aclose()
@@ -133,7 +139,9 @@ async def test_dead_letters_go_to_a_stream_in_the_same_slot_and_requeue_there(
     settings = reaper_settings(settings_for, cluster_env, max_deliveries=1)
     topology = Topology(cluster_client, settings)
     try:
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert report.dead_lettered == 3 * PER_STREAM and report.reclaimed == 0
@@ -187,7 +195,9 @@ async def test_a_slot_moved_since_the_map_was_read_costs_one_retry_and_no_double
         target = next(p for p in cluster.primaries() if p != cluster.port_of(before))
         cluster.migrate_slot(stream, target)  # ... and is stale from here on
         assert topology.owner(stream) == before
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert report.reclaimed == PER_STREAM and report.nodes_failed == []
@@ -239,7 +249,9 @@ async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
             mock.patch.object(redis_sweep, seam, slot_moves_first),
             caplog.at_level(logging.INFO, logger="rig_conductor"),
         ):
-            report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+            report = await cycle.reap_once(
+                redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+            )
     finally:
         await topology.aclose()
     assert cluster.owner_of(stream) != before, "the slot moved under the sweep"
@@ -268,13 +280,17 @@ async def test_a_dead_primary_is_left_out_and_counted_while_the_others_are_reape
     cluster.server(victim).kill()
     try:
         with caplog.at_level(logging.WARNING, logger="rig_conductor"):
-            report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+            report = await cycle.reap_once(
+                redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+            )
         assert report.nodes_failed == [f"127.0.0.1:{victim}"]
         assert report.reclaimed == (len(STREAMS) - len(on_victim)) * PER_STREAM
         assert any("left out of this scan" in r.getMessage() for r in caplog.records)
         # The replica takes over; the next scan reaches the streams the dead node held.
         cluster.wait_failover(victim)
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
         assert report.nodes_failed == []
         assert report.reclaimed == len(on_victim) * PER_STREAM
         for stream in STREAMS:

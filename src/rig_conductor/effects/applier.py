@@ -2,8 +2,9 @@
 Redis, the event-log rows (`effects.journal`), the metrics and every `[StreamReclaim]` line.
 
 The reaper's sweep hands an `Applier` the plan of each chunk of a group as it is made; the
-console's move hands it one plan (`apply`). A dry run is the same planning handed to `DryRun`,
-an applier that writes nothing, to Redis or anywhere: it logs what it would do and counts it.
+console's move hands it one plan (`apply`). The scan's or the request's port (`effects.port`)
+hands the applier out; a dry run's hands out `DryRun`, an applier that writes nothing, to
+Redis or anywhere: it logs what it would do and counts it.
 Decides nothing: what moves where, and what is worn out, is the plan's (`policy.reclaim`).
 """
 
@@ -44,7 +45,7 @@ WOULD_RECLAIM = (
     " ({reason})"
 )
 
-__all__ = ["Applied", "Applier", "DryRun", "Journal", "Timing", "apply", "for_group"]
+__all__ = ["Applied", "Applier", "DryRun", "Journal", "Timing", "apply"]
 
 
 @dataclass(eq=False)
@@ -230,33 +231,20 @@ class DryRun(Applier):
     async def flush(self) -> None:
         return None
 
+    async def finish(self) -> GroupOutcome:
+        outcome = await super().finish()
+        # Nothing moved in Redis: the scan's counts of pending entries stay as it read them.
+        outcome.changes.clear()
+        return outcome
+
     async def _dead_letter(self, outcome: GroupOutcome) -> None:
         for entry in self.worn:
-            logger.info(
-                "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
-                entry.id,
-                self.assessment.stream,
-                entry.deliveries,
-            )
+            dead_letters.would_dead_letter(entry.id, self.assessment.stream, entry.deliveries)
         outcome.dead_lettered = len(self.worn)
         self.dead_lettered = [entry.id for entry in self.worn]
 
     def _count(self, outcome: GroupOutcome, metrics: Metrics) -> None:
         return None
-
-
-def for_group(
-    assessment: reclaim.GroupAssessment,
-    *,
-    redis: Redis,
-    journal: Journal,
-    metrics: Metrics | None,
-    dry_run: bool,
-    timing: Timing = no_timing,
-) -> Applier:
-    """The applier of one group's plans: `DryRun` in a dry run."""
-    kind = DryRun if dry_run else Applier
-    return kind(assessment, redis=redis, journal=journal, metrics=metrics, timing=timing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,18 +256,8 @@ class Applied:
     dead_lettered: list[EntryId]
 
 
-async def apply(
-    plan: reclaim.ReclaimPlan,
-    *,
-    redis: Redis,
-    journal: Journal,
-    metrics: Metrics | None,
-    dry_run: bool = False,
-) -> Applied:
-    """`plan` takes effect in one go (in a dry run: is logged): a move from the console."""
-    applier = for_group(
-        plan.assessment, redis=redis, journal=journal, metrics=metrics, dry_run=dry_run
-    )
+async def apply(applier: Applier, plan: reclaim.ReclaimPlan) -> Applied:
+    """`plan` takes effect in one go through `applier` (a `DryRun`: is logged): a move by hand."""
     try:
         claimed = await applier.apply(plan)
     finally:
