@@ -2,7 +2,7 @@
 thousands of finished issues before it, so the views that read the event log read a large one.
 
 The long story (`story`) goes through the conductor's own write path: the dispatch's append and
-record (`redis_streams.append_once`, `dispatches.record_dispatch`), every state change as an
+record (`redis_writes.append_once`, `dispatches.record_dispatch`), every state change as an
 agent's report (`work.record_work`), a move as the reaper makes it (XCLAIM, `work.reclaimed`, the
 RECLAIMED row, `move_targets.record`). Its entry is read by every group of its stream, and the
 groups' holders report progress in turn: 10,000 WORK_PROGRESS rows of which no two in a row
@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import harness
 from harness import TENANT, BenchError, Stores
 from rig_conductor.adapters.postgres import dispatches, move_targets, queries, work
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import DEAD_LETTER_REASON, ConsumerName, GroupName, StreamKey
 
 STORY_ISSUE = "scale-story"
@@ -88,7 +88,7 @@ async def story(stores: Stores, *, stream: str, holders: Sequence[Worker], zombi
         "payload": json.dumps({"repo": "rig/conductor", "pr": 43, "kind": "review"}),
         "assignedAt": datetime.now(UTC).isoformat(),
     }
-    entry, _ = await redis_streams.append_once(
+    entry, _ = await redis_writes.append_once(
         redis, stream=StreamKey(stream), key=STORY_ISSUE, fields=fields, remember_s=REMEMBER_S
     )
     await dispatches.record_dispatch(

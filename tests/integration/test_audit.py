@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows  # noqa: E402
-from rig_conductor.adapters.redis import streams as redis_streams  # noqa: E402
+from rig_conductor.adapters.redis import writes as redis_writes  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,
@@ -72,7 +72,7 @@ class World:
     async def dispatch(self, label: str, issue: str, *, stream: str = S) -> str:
         """What `POST /api/events` ISSUE_ASSIGNED does: append once, then record it."""
         fields = {"type": "ISSUE_ASSIGNED", "issueId": issue, "agentId": "dev-e", "payload": "{}"}
-        entry, appended = await redis_streams.append_once(
+        entry, appended = await redis_writes.append_once(
             self.redis, stream=StreamKey(stream), key=label, fields=fields, remember_s=86_400
         )
         assert appended
@@ -132,7 +132,7 @@ class World:
     async def runtime_dead_letter(self, label: str, consumer: str, deliveries: int) -> str:
         """What the agent runtime does with a worn-out entry: straight to the DLQ, no event."""
         stream, entry = self.entries[label]
-        done = await redis_streams.dead_letter(
+        done = await redis_writes.dead_letter(
             self.redis,
             stream=StreamKey(stream),
             group=GroupName(G),
@@ -145,7 +145,7 @@ class World:
     async def requeue(self, label: str, dlq_id: str, new_label: str) -> None:
         """What `POST /api/deadletters/requeue` does."""
         stream, _ = self.entries[label]
-        moved = await redis_streams.requeue(self.redis, stream=StreamKey(stream), dlq_id=dlq_id)
+        moved = await redis_writes.requeue(self.redis, stream=StreamKey(stream), dlq_id=dlq_id)
         assert moved is not None
         entry, issue = moved
         await queries.append_events(

@@ -18,6 +18,7 @@ from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import intake
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import AgentId, ConsumerName, Pods, PodState, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
@@ -48,7 +49,7 @@ async def scene(redis: Redis, engine: AsyncEngine) -> None:
     """dead-e holds four entries, one worn out; live-e heartbeats; gone-e-0's pod is gone and it
     holds nothing; old-e was last heard from two minutes ago; one dispatch Redis lost."""
     fields = {"type": "ISSUE_ASSIGNED", "issueId": "rc-lost", "agentId": "dead-e"}
-    lost, _ = await redis_streams.append_once(
+    lost, _ = await redis_writes.append_once(
         redis, stream=S, key="rc-lost", fields=fields, remember_s=3600
     )
     await dispatch_rows.record_dispatch(

@@ -20,7 +20,7 @@ from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import recovery, work
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.adapters.redis import keys as redis_keys
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.app import create_app
 from rig_conductor.domain import StagedOutput, StreamKey
 from rig_conductor.metrics import Metrics
@@ -40,7 +40,7 @@ def fields(issue: str) -> dict[str, str]:
 
 async def dispatched(redis: Redis, engine: AsyncEngine, issue: str) -> str:
     """A dispatch as the API makes it: appended once, then recorded with its fields."""
-    entry_id, _ = await redis_streams.append_once(
+    entry_id, _ = await redis_writes.append_once(
         redis, stream=S, key=issue, fields=fields(issue), remember_s=3600
     )
     await dispatch_rows.record_dispatch(
@@ -320,8 +320,8 @@ async def test_a_recovery_cut_off_half_way_is_finished_by_the_next_scan(
     await redis.flushdb()
     # A conductor found the loss, set a new marker, appended rc-a and died before recording
     # anything in PostgreSQL.
-    await redis_streams.claim_epoch(redis, stream=S, epoch="set-by-a-conductor-that-died")
-    appended, _ = await redis_streams.append_once(
+    await redis_writes.claim_epoch(redis, stream=S, epoch="set-by-a-conductor-that-died")
+    appended, _ = await redis_writes.append_once(
         redis, stream=S, key="rc-a", fields=fields("rc-a"), remember_s=3600
     )
 

@@ -13,7 +13,7 @@ from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.postgres.tables import dispatches, events
 from rig_conductor.adapters.redis import keys as redis_keys
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
@@ -29,7 +29,7 @@ def fields(issue: str) -> dict[str, str]:
 
 async def acknowledged(redis: Redis, engine: AsyncEngine, issue: str) -> str:
     """A dispatch as the API makes it: appended once, then recorded with its fields."""
-    entry_id, _ = await redis_streams.append_once(
+    entry_id, _ = await redis_writes.append_once(
         redis, stream=S, key=issue, fields=fields(issue), remember_s=3600
     )
     await dispatch_rows.record_dispatch(

@@ -17,6 +17,7 @@ from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName, Pods, StreamKey
@@ -154,7 +155,7 @@ async def test_dead_letters_go_to_a_stream_in_the_same_slot_and_requeue_there(
         )
         assert sorted(letter.original_id for letter in letters) == sorted(held[stream])
         assert await owners(cluster_client, stream, G) == {}
-        back = await redis_streams.requeue(
+        back = await redis_writes.requeue(
             cluster_client, stream=StreamKey(stream), dlq_id=letters[0].dlq_id
         )
         assert back is not None
@@ -166,10 +167,10 @@ async def test_dispatch_is_appended_once_per_key_beside_its_marker(
 ) -> None:
     stream = StreamKey("rig:dispatch")
     fields = {"type": "ISSUE_ASSIGNED", "issueId": "rc-1"}
-    first = await redis_streams.append_once(
+    first = await redis_writes.append_once(
         cluster_client, stream=stream, key="rc-1", fields=fields, remember_s=60
     )
-    again = await redis_streams.append_once(
+    again = await redis_writes.append_once(
         cluster_client, stream=stream, key="rc-1", fields=fields, remember_s=60
     )
     assert first[1] and not again[1] and first[0] == again[0]

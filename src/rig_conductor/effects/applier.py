@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from rig_conductor import logs
 from rig_conductor.adapters.redis import streams as redis_streams
-from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     UNKNOWN_AGENT,
@@ -90,7 +90,7 @@ class Applier:
         for entry in plan.no_target:
             no_target[entry.consumer] = no_target.get(entry.consumer, 0) + 1
         batches = [
-            redis_sweep.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
+            redis_writes.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
             for claim in plan.claims
         ]
         claimed = await self._claim(batches)
@@ -131,10 +131,10 @@ class Applier:
 
     # The effects themselves: `DryRun` has its own.
 
-    async def _claim(self, batches: list[redis_sweep.ClaimBatch]) -> list[list[EntryId]]:
+    async def _claim(self, batches: list[redis_writes.ClaimBatch]) -> list[list[EntryId]]:
         a = self.assessment
         with self.timing("claim"):
-            return await redis_sweep.claim(
+            return await redis_writes.claim(
                 self.redis, stream=a.stream, group=a.group, batches=batches
             )
 
@@ -167,7 +167,7 @@ class Applier:
         line and a DEAD_LETTERED row each, its assignment marked dead."""
         a, worn = self.assessment, self.worn
         with self.timing("deadLetter"):
-            dead = await redis_streams.dead_letter(
+            dead = await redis_writes.dead_letter(
                 self.redis, stream=a.stream, group=a.group, entries=worn, reason=DEAD_LETTER_REASON
             )
             owners = {entry.id: entry.consumer for entry in worn}
@@ -219,7 +219,7 @@ class DryRun(Applier):
     """The same plans, nothing written: no claim, no dead letter, no row, no counter. Every
     entry a claim names counts as moved (the guard is not asked), and each gets its line."""
 
-    async def _claim(self, batches: list[redis_sweep.ClaimBatch]) -> list[list[EntryId]]:
+    async def _claim(self, batches: list[redis_writes.ClaimBatch]) -> list[list[EntryId]]:
         return [list(batch.ids) for batch in batches]
 
     def _delays(self, claims: Sequence[reclaim.Claim], claimed: list[list[EntryId]]) -> None:

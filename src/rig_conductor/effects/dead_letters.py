@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from rig_conductor import logs
 from rig_conductor.adapters import failures
 from rig_conductor.adapters.postgres import queries, work
-from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.adapters.redis.streams import DeadLetter
 from rig_conductor.domain import (
@@ -46,7 +46,7 @@ async def dead_letter_held(
     more, and nothing was written). One `[StreamReclaim] Dead-lettered` line, one DEAD_LETTERED
     row, the assignment marked dead."""
     entry = PendingEntry(entry_id, consumer, 0, deliveries)
-    done = await redis_streams.dead_letter(
+    done = await redis_writes.dead_letter(
         redis, stream=stream, group=group, entries=[entry], reason=reason
     )
     if not done:
@@ -127,7 +127,7 @@ async def requeue(
     the same atomic script, and a DEAD_LETTER_REQUEUED row each: per letter requeued, the new
     entry's id and its issueId."""
     with failures.named_by_request():
-        replies = await redis_streams.requeue_many(redis, stream=stream, dlq_ids=dlq_ids)
+        replies = await redis_writes.requeue_many(redis, stream=stream, dlq_ids=dlq_ids)
     done = {dlq_id: reply for dlq_id, reply in zip(dlq_ids, replies, strict=True) if reply}
     rows = [
         queries.EventRow(
@@ -154,7 +154,7 @@ async def delete(
     """One batch of letters deleted for good, and a DEAD_LETTER_DELETED row each that
     describes it; the letters there were to delete."""
     with failures.named_by_request():
-        deleted = await redis_inspect.delete_dead_letters(
+        deleted = await redis_writes.delete_dead_letters(
             redis, stream=stream, dlq_ids=[letter.dlq_id for letter in letters]
         )
     gone = [letter for letter, ok in zip(letters, deleted, strict=True) if ok]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.policy import hygiene
 
 # The lines keep the logger they had when the reaper wrote them itself: operators filter on it.
@@ -38,9 +38,9 @@ async def delete_consumers(
     """XGROUP DELCONSUMER each consumer that still holds nothing; returns the ones deleted.
 
     A consumer that received an entry since the plan was made is refused atomically (see
-    `redis_streams.delete_empty_consumers`); a group or stream deleted meanwhile is skipped.
+    `redis_writes.delete_empty_consumers`); a group or stream deleted meanwhile is skipped.
     """
-    outcomes = await redis_streams.delete_empty_consumers(
+    outcomes = await redis_writes.delete_empty_consumers(
         client, consumers=[(r.stream, r.group, r.consumer) for r in removals]
     )
     deleted: list[hygiene.ConsumerRemoval] = []

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches, recovery
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import AssignmentState, EntryId, StreamKey
 from rig_conductor.effects import redispatch
@@ -54,7 +54,7 @@ class Recovering:
 
     async def first_sight(self, client: AnyRedis, stream: StreamKey) -> None:
         """A stream whose epoch nobody remembers yet: set a marker, remember it."""
-        epoch, _ = await redis_streams.claim_epoch(client, stream=stream, epoch=_new_epoch())
+        epoch, _ = await redis_writes.claim_epoch(client, stream=stream, epoch=_new_epoch())
         await dispatches.remember_epoch(self.engine, tenant=self.tenant, stream=stream, epoch=epoch)
         logger.info("Redis epoch of %s recorded: %s", stream, epoch)
 
@@ -62,7 +62,7 @@ class Recovering:
         """Redis lost the stream's data: say so, and set a new marker (before appending, so two
         conductors agree on it); the marker, remembered by `recovered` at the end."""
         _log_lost(stream, in_redis, dry="")
-        epoch, _ = await redis_streams.claim_epoch(client, stream=stream, epoch=_new_epoch())
+        epoch, _ = await redis_writes.claim_epoch(client, stream=stream, epoch=_new_epoch())
         return epoch
 
     async def recover(

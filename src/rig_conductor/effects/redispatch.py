@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches, recovery
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import EntryId, StreamKey
 
@@ -70,7 +70,7 @@ async def append_dispatch(
     """Append `dispatch` to its stream again, at most once per idempotency key whoever else
     tries (the key is remembered `remember_s`, as long as the event log keeps events); its
     entry id, and whether this call appended it."""
-    return await redis_streams.append_once(
+    return await redis_writes.append_once(
         redis,
         stream=StreamKey(dispatch.stream),
         key=dispatch.key,
