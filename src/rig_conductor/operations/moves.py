@@ -81,6 +81,9 @@ async def move(
         raise MoveRefused(f"at most {MAX_ENTRIES} entries per move")
     if target == owner:
         raise MoveRefused("the target is the owner itself")
+    effects = effects or port.choose(
+        False, engine=rt.engine, tenant=rt.settings.tenant, metrics=rt.metrics
+    )
     fleet, to = await _check_target(rt, stream=stream, group=group, target=target)
     with failures.named_by_request():
         held = await redis_inspect.held_by(
@@ -91,9 +94,6 @@ async def move(
             ids=ids,
         )
     plan = await _plan(rt, fleet, to, stream=stream, group=group, owner=owner, held=held)
-    effects = effects or port.choose(
-        False, engine=rt.engine, tenant=rt.settings.tenant, metrics=rt.metrics
-    )
     applied = await effects.apply(plan, redis=rt.redis, by=caller.who)  # type: ignore[arg-type]
     result = Moved(
         len(ids),
