@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows  # noqa: E402
+from rig_conductor.adapters.postgres import writes as pg_writes  # noqa: E402
 from rig_conductor.adapters.redis import writes as redis_writes  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
@@ -119,7 +120,7 @@ class World:
         row = queries.EventRow(
             "WORK_COMPLETED", agent_of(consumer), consumer, stream, G, entry, attempt=attempt
         )
-        await queries.append_events(self.engine, tenant=TENANT, rows=[row])
+        await pg_writes.append_events(self.engine, tenant=TENANT, rows=[row])
 
     async def ack(self, label: str) -> None:
         stream, entry = self.entries[label]
@@ -148,7 +149,7 @@ class World:
         moved = await redis_writes.requeue(self.redis, stream=StreamKey(stream), dlq_id=dlq_id)
         assert moved is not None
         entry, issue = moved
-        await queries.append_events(
+        await pg_writes.append_events(
             self.engine,
             tenant=TENANT,
             rows=[
@@ -181,7 +182,7 @@ class World:
         """Append rows, then pin their times (COPY stamps now()): known latencies and gaps."""
         async with self.engine.connect() as conn:
             before = (await conn.execute(text("SELECT coalesce(max(id), 0) FROM events"))).scalar()
-        await queries.append_events(self.engine, tenant=TENANT, rows=[row for row, _ in rows])
+        await pg_writes.append_events(self.engine, tenant=TENANT, rows=[row for row, _ in rows])
         async with self.engine.begin() as conn:
             for offset, (_, when) in enumerate(rows, start=1):
                 await conn.execute(

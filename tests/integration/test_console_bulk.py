@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.operations import deadletters
@@ -79,7 +79,7 @@ async def test_all_that_match_go_in_batches_each_recorded(
     caplog.set_level(logging.INFO)
     deletes = spy(monkeypatch, redis_writes, "delete_dead_letters")
     requeues = spy(monkeypatch, redis_writes, "requeue_many")
-    copies = spy(monkeypatch, queries, "append_events")
+    copies = spy(monkeypatch, pg_writes, "append_events")
     deleted = await console.post(
         "/ui/deadletters/delete",
         data={"csrf": csrf, "stream": S, "q": "beta", "all_matching": "true"},

@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake, queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.reaper.cycle import reap_once
@@ -57,7 +58,7 @@ async def test_the_api_forgets_an_agent_the_registry_forgot(engine: AsyncEngine)
     assert (await known.index()).resolve(ConsumerName("gone-e-0")) == "gone-e"
     # The reaper forgets it (RIG_AGENT_FORGET_MS); the next read of the registry lacks it.
     later = datetime.now(UTC) + timedelta(minutes=1)
-    forgotten = await queries.forget_silent(
+    forgotten = await pg_writes.forget_silent(
         engine, tenant="default", before=later, keep_agents=(), keep_consumers=()
     )
     assert forgotten == (1, 1)

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import recovery, work
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import writes as redis_writes
@@ -139,7 +140,7 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
     await report(engine, "WORK_STARTED", done, "rc-done")
     await report(engine, "WORK_COMPLETED", done, "rc-done", attempt=1)
     dead = await dispatched(redis, engine, "rc-dead")
-    await work.dead_lettered(
+    await pg_writes.dead_lettered(
         engine, tenant="default", stream=S, group="builders", entries=[(dead, "rc-dead", 5)]
     )
 

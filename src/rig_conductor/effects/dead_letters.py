@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from rig_conductor import logs
 from rig_conductor.adapters import failures
-from rig_conductor.adapters.postgres import queries, work
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
@@ -71,8 +72,8 @@ async def dead_letter_held(
         issue_id=item.issue_id,
         detail=json.dumps(detail),
     )
-    await queries.append_events(journal.engine, tenant=journal.tenant, rows=[row])
-    await work.dead_lettered(
+    await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=[row])
+    await pg_writes.dead_lettered(
         journal.engine,
         tenant=journal.tenant,
         stream=stream,
@@ -139,7 +140,7 @@ async def requeue(
         )
         for dlq_id, (entry_id, issue_id) in done.items()
     ]
-    await queries.append_events(journal.engine, tenant=journal.tenant, rows=rows)
+    await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=rows)
     return done
 
 
@@ -170,5 +171,5 @@ async def delete(
         )
         for letter in gone
     ]
-    await queries.append_events(journal.engine, tenant=journal.tenant, rows=rows)
+    await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=rows)
     return gone

@@ -9,7 +9,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.policy import registry
 
 logger = logging.getLogger(logs.RECLAIM_LOGGER)  # the scan's line, as when it wrote it itself
@@ -18,7 +18,7 @@ logger = logging.getLogger(logs.RECLAIM_LOGGER)  # the scan's line, as when it w
 async def forget(
     plan: registry.Forget, *, forget_ms: int, engine: AsyncEngine, tenant: str
 ) -> None:
-    agents, consumers = await queries.forget_silent(
+    agents, consumers = await pg_writes.forget_silent(
         engine,
         tenant=tenant,
         before=plan.before,

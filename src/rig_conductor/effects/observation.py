@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import measurements, queries
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.domain import EventKind, FleetMeasure, GroupMeasure
 from rig_conductor.policy import detector
 
@@ -50,7 +51,7 @@ async def sightings(new: Sequence[detector.Sighting], *, engine: AsyncEngine, te
         )
         for s in new
     ]
-    await queries.append_events(engine, tenant=tenant, rows=rows)
+    await pg_writes.append_events(engine, tenant=tenant, rows=rows)
 
 
 async def measured(
@@ -62,4 +63,6 @@ async def measured(
     tenant: str,
 ) -> None:
     """Store the scan's measurements (`complete`: it read every node)."""
-    await measurements.store(engine, tenant=tenant, groups=groups, fleet=fleet, complete=complete)
+    await pg_writes.store_measurements(
+        engine, tenant=tenant, groups=groups, fleet=fleet, complete=complete
+    )

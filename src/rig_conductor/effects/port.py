@@ -13,7 +13,7 @@ them out, real or dry. Decides nothing: the reaper, the operations and `policy` 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -37,6 +37,7 @@ from rig_conductor.effects import (
     dead_letters,
     forgetting,
     hygiene,
+    journal,
     observation,
     redis_loss,
     redispatch,
@@ -138,6 +139,10 @@ class Effects:
             groups, fleet, complete=complete, engine=self.engine, tenant=self.tenant
         )
 
+    async def scan_requested(self, by: str, summary: Mapping[str, object]) -> None:
+        """The record of a scan an operator ran from the console."""
+        await journal.scan_requested(self.journal(by), summary)
+
     # Dead letters besides the scan's: an agent's, an operator's requeue and delete.
 
     async def dead_letter_held(
@@ -231,6 +236,9 @@ class DryEffects(Effects):
         reason: str,
     ) -> DeadLettered | None:
         dead_letters.would_dead_letter(entry_id, stream, deliveries)
+        return None
+
+    async def scan_requested(self, by: str, summary: Mapping[str, object]) -> None:
         return None
 
     async def requeue(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches, recovery
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import AssignmentState, EntryId, StreamKey
@@ -55,7 +56,7 @@ class Recovering:
     async def first_sight(self, client: AnyRedis, stream: StreamKey) -> None:
         """A stream whose epoch nobody remembers yet: set a marker, remember it."""
         epoch, _ = await redis_writes.claim_epoch(client, stream=stream, epoch=_new_epoch())
-        await dispatches.remember_epoch(self.engine, tenant=self.tenant, stream=stream, epoch=epoch)
+        await pg_writes.remember_epoch(self.engine, tenant=self.tenant, stream=stream, epoch=epoch)
         logger.info("Redis epoch of %s recorded: %s", stream, epoch)
 
     async def lost(self, client: AnyRedis, stream: StreamKey, in_redis: str | None) -> str | None:
@@ -118,7 +119,7 @@ class Recovering:
     async def recovered(self, stream: StreamKey, epoch: str | None, tally: Tally) -> None:
         """Every unfinished dispatch seen to: the new marker remembered, the sum said, counted."""
         if epoch is not None:
-            await dispatches.remember_epoch(
+            await pg_writes.remember_epoch(
                 self.engine, tenant=self.tenant, stream=stream, epoch=epoch
             )
         _log_recovered(stream, tally, dry="")
