@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
-from rig_conductor.adapters.postgres import recovery, work
+from rig_conductor.adapters.postgres import recovery_writes, work
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.adapters.redis import keys as redis_keys
@@ -437,18 +437,18 @@ async def test_a_start_of_the_new_entry_waits_for_the_rows_that_carry_the_finish
     await finish(engine, entry, "rc-1", "builders", "b-0")
     await finish(engine, entry, "rc-1", "reviewers", "r-0")
     dispatch = dispatch_rows.RecentDispatch("rc-1", S, entry, "rc-1", "builder", fields("rc-1"))
-    fence = await recovery.supersede(
+    fence = await recovery_writes.supersede(
         engine, tenant="default", dispatch=dispatch, expected=["builders", "reviewers", "qa"]
     )
     assert fence is not None  # "qa" has not done it: it comes back
-    async with recovery.appending(engine, tenant="default", dispatch=dispatch) as conn:
+    async with recovery_writes.appending(engine, tenant="default", dispatch=dispatch) as conn:
         appended = await redis.xadd(S, fields("rc-1"))
         start = asyncio.create_task(
             grouped(engine, "WORK_STARTED", appended, "rc-1", "reviewers", "r-1")
         )
         await asyncio.sleep(0.5)  # time for a start that does not wait to be answered
         assert not start.done(), "the start did not wait for the new entry's rows"
-        assert await recovery.reappended(
+        assert await recovery_writes.reappended(
             conn, tenant="default", dispatch=dispatch, entry_id=appended, carries=fence.carries
         )
     outcome = await asyncio.wait_for(start, timeout=10)

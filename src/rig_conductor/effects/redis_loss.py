@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import dispatches, recovery
+from rig_conductor.adapters.postgres import dispatches, recovery_writes
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
@@ -79,7 +79,7 @@ class Recovering:
         retry of the dispatch appended already) and record where it lives now."""
         # Fenced before the append: a holder that completes the lost entry from now on is
         # answered 409. One that completed it first has finished it: nothing is appended then.
-        fence = await recovery.supersede(
+        fence = await recovery_writes.supersede(
             self.engine, tenant=self.tenant, dispatch=dispatch, expected=expected
         )
         if fence is None:
@@ -95,7 +95,9 @@ class Recovering:
             return
         # Appended and recorded under the append lock: an agent that starts the new entry at
         # once waits for the rows that carry each group's finished work.
-        async with recovery.appending(self.engine, tenant=self.tenant, dispatch=dispatch) as conn:
+        async with recovery_writes.appending(
+            self.engine, tenant=self.tenant, dispatch=dispatch
+        ) as conn:
             if action == "append":
                 entry_id, appended = await redispatch.append_dispatch(
                     client, dispatch, remember_s=self.remember_s
@@ -103,7 +105,7 @@ class Recovering:
             else:
                 assert marker is not None
                 entry_id, appended = EntryId(marker), False
-            recorded = await recovery.reappended(
+            recorded = await recovery_writes.reappended(
                 conn,
                 tenant=self.tenant,
                 dispatch=dispatch,
@@ -186,7 +188,11 @@ def _log_recovered(stream: StreamKey, tally: Tally, *, dry: str) -> None:
 
 
 def _log_appended(
-    dispatch: dispatches.RecentDispatch, entry_id: str, *, appended: bool, fence: recovery.Fence
+    dispatch: dispatches.RecentDispatch,
+    entry_id: str,
+    *,
+    appended: bool,
+    fence: recovery_writes.Fence,
 ) -> None:
     if fence.carry is not None:
         held = (

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import dispatches, recovery
+from rig_conductor.adapters.postgres import dispatches, recovery_writes
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.domain import EntryId, StreamKey
@@ -38,7 +38,7 @@ async def append_again(
     if not appended:
         return False
     async with engine.begin() as conn:
-        await recovery.reappended(conn, tenant=tenant, dispatch=item, entry_id=entry_id)
+        await recovery_writes.reappended(conn, tenant=tenant, dispatch=item, entry_id=entry_id)
     if metrics is not None:
         metrics.redispatched.labels(item.stream, REASON).inc()
     logger.warning(
