@@ -4,12 +4,12 @@ thousands of finished issues before it, so the views that read the event log rea
 The long story (`story`) goes through the conductor's own write path: the dispatch's append and
 record (`redis_writes.append_once`, `dispatches.record_dispatch`), every state change as an
 agent's report (`work.record_work`), a move as the reaper makes it (XCLAIM,
-`pg_writes.reclaimed`, the RECLAIMED row, `move_targets.record`). Its entry is read by every
-group of its stream, and the groups' holders report progress in turn: 10,000 WORK_PROGRESS rows
-of which no two in a row belong to one attempt, so none fold into a run and the timeline runs
-to 10,013 items. The bulk
-of those rows, and the finished history (`history`), are written by COPY in the shape
-`record_work` and the journal give them. It measures nothing, and decides nothing.
+`pg_writes.reclaimed`, the RECLAIMED row, `pg_writes.record_move_targets`). Its entry is read
+by every group of its stream, and the groups' holders report progress in turn: 10,000
+WORK_PROGRESS rows of which no two in a row belong to one attempt, so none fold into a run and
+the timeline runs to 10,013 items. The bulk of those rows, and the finished history
+(`history`), are written by COPY in the shape `record_work` and the journal give them. It
+measures nothing, and decides nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import harness
 from harness import TENANT, BenchError, Stores
-from rig_conductor.adapters.postgres import dispatches, move_targets, queries, work
+from rig_conductor.adapters.postgres import dispatches, queries, work
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import DEAD_LETTER_REASON, ConsumerName, GroupName, StreamKey
@@ -196,7 +196,7 @@ async def _stalled(stores: Stores, stream: str, entry: str, owner: Worker, to: W
     )
     await pg_writes.append_events(stores.engine, tenant=TENANT, rows=[row])
     targets = [(StreamKey(stream), GroupName(to.group), ConsumerName(to.consumer))]
-    await move_targets.record(stores.engine, tenant=TENANT, targets=targets)
+    await pg_writes.record_move_targets(stores.engine, tenant=TENANT, targets=targets)
 
 
 def _progress(by: Worker, stream: str, entry: str, attempt: int) -> queries.EventRow:

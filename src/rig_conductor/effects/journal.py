@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import move_targets, queries
+from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, EventKind
@@ -107,7 +107,7 @@ class Recorder:
                 consumer=target,
                 entry_ids=ids,
             )
-        await move_targets.record(
+        await pg_writes.record_move_targets(
             journal.engine,
             tenant=journal.tenant,
             targets=[(assessment.stream, assessment.group, target) for target in by_target],

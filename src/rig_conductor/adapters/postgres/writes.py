@@ -1,9 +1,9 @@
 """Every PostgreSQL write a scan or an operator makes through the write port: event-log rows,
 the forgetting of silent heartbeat rows, the Redis epochs remembered, the attempts a reclaim
-opens and the dead letters it marks, the scan's measurements. The import contracts let only
-`effects` import it (pyproject.toml); the agent/API boundary (heartbeats, work reports,
-dispatches) keeps writers of its own in `intake`, `work` and `dispatches`, and the recovery
-after a Redis data loss its own in `recovery`.
+opens and the dead letters it marks, the targets its moves reset, the scan's measurements. The
+import contracts let only `effects` import it (pyproject.toml); the agent/API boundary
+(heartbeats, work reports, dispatches) keeps writers of its own in `intake`, `work` and
+`dispatches`, and a recovery after a Redis data loss its own in `recovery_writes`.
 
 Thin: keyword arguments in, nothing decided.
 """
@@ -20,8 +20,13 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres.queries import EventRow
-from rig_conductor.adapters.postgres.tables import assignments, group_assignments, redis_epochs
-from rig_conductor.domain import AssignmentState, FleetMeasure, GroupMeasure
+from rig_conductor.adapters.postgres.tables import (
+    assignments,
+    group_assignments,
+    move_targets,
+    redis_epochs,
+)
+from rig_conductor.domain import AssignmentState, FleetMeasure, GroupMeasure, MoveKey
 
 # COPY column order: the tenant, then EventRow's fields in their declared order.
 _EVENT_COLUMNS = ("tenant", *EventRow._fields)
@@ -281,3 +286,22 @@ def _encode(group: GroupMeasure) -> dict[str, Any]:
             for c in group.top
         ],
     }
+
+
+async def record_move_targets(
+    engine: AsyncEngine, *, tenant: str, targets: Iterable[MoveKey]
+) -> None:
+    """Stamp now() on each (stream, group, consumer) that just received entries."""
+    rows = [
+        {"tenant": tenant, "stream": s, "group_name": g, "consumer": c}
+        for s, g, c in sorted(set(targets))
+    ]
+    if not rows:
+        return
+    statement = insert(move_targets).values(rows)
+    statement = statement.on_conflict_do_update(
+        index_elements=["tenant", "stream", "group_name", "consumer"],
+        set_={"moved_at": func.now()},
+    )
+    async with engine.begin() as conn:
+        await conn.execute(statement)
