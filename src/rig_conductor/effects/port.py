@@ -60,7 +60,7 @@ class Effects:
     """The writes of one scan, request or command, as they really happen.
 
     `remember_s`: how long a re-appended dispatch's idempotency key is remembered (as long as
-    the event log keeps events)."""
+    the event log keeps events); 0 for a request's port, which appends nothing again."""
 
     engine: AsyncEngine
     tenant: str
