@@ -233,7 +233,8 @@ async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
     held = await scene(cluster_client, engine, [stream])
     settings = reaper_settings(settings_for, cluster_env, streams=(stream,))
     topology = Topology(cluster_client, settings)
-    real = getattr(redis_sweep, seam)
+    module = {"read_pages": redis_sweep, "claim": redis_writes}[seam]  # the reads; the writes
+    real = getattr(module, seam)
     calls = 0
 
     async def slot_moves_first(*args: Any, **kwargs: Any) -> Any:
@@ -247,7 +248,7 @@ async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
     try:
         before = cluster.owner_of(stream)
         with (
-            mock.patch.object(redis_sweep, seam, slot_moves_first),
+            mock.patch.object(module, seam, slot_moves_first),
             caplog.at_level(logging.INFO, logger="rig_conductor"),
         ):
             report = await cycle.reap_once(
