@@ -1,14 +1,15 @@
 """What a scan saw, recorded: the detector's new sightings of consumers without heartbeat (a
-`[StreamDetector]` line and a CONSUMER_WITHOUT_HEARTBEAT row each) and the measurements the
-views show. Not a change to the fleet, so a dry run records them too (docs/operating.md). What
-counts as a sighting, and what the measurements are, is decided before (`policy.detector`,
-`policy.measure`)."""
+`[StreamDetector]` line and a CONSUMER_WITHOUT_HEARTBEAT row each), the measurements the views
+show, and its report. Not a change to the fleet, so a dry run records them too
+(docs/operating.md). What counts as a sighting, and what the measurements are, is decided
+before (`policy.detector`, `policy.measure`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -66,3 +67,8 @@ async def measured(
     await pg_writes.store_measurements(
         engine, tenant=tenant, groups=groups, fleet=fleet, complete=complete
     )
+
+
+async def reported(report: Mapping[str, Any], *, engine: AsyncEngine, tenant: str) -> None:
+    """Keep the scan's report for the console's last scans and plots."""
+    await pg_writes.record_scan(engine, tenant=tenant, report=report)

@@ -4,7 +4,8 @@ the same decisions handed to `DryEffects`, which changes nothing in Redis or Pos
 what it would do (the `DRY RUN: would ...` lines). Below the entry points nothing asks whether a
 run is dry: the port it was handed answers for it.
 
-What a scan saw (the detector's sightings, the measurements the views show) is recorded by both:
+What a scan saw (the detector's sightings, the measurements the views show, its report) is
+recorded by both:
 it is not a change. Each effect lives in a module of its own (`applier`, `redispatch`,
 `redis_loss`, `hygiene`, `forgetting`, `observation`, `dead_letters`); this module only hands
 them out, real or dry. Decides nothing: the reaper, the operations and `policy` decide.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -142,6 +143,9 @@ class Effects:
     async def scan_requested(self, by: str, summary: Mapping[str, object]) -> None:
         """The record of a scan an operator ran from the console."""
         await journal.scan_requested(self.journal(by), summary)
+
+    async def reported(self, report: Mapping[str, Any]) -> None:
+        await observation.reported(report, engine=self.engine, tenant=self.tenant)
 
     # Dead letters besides the scan's: an agent's, an operator's requeue and delete.
 

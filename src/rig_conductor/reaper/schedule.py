@@ -195,18 +195,15 @@ class ReaperService:
         if self._metrics is not None:
             self._metrics.blind_window.set(report.blind_ms / 1000)
         if remember:
-            await self._remember(report)
+            await self._remember(report, effects)
         self.last_report = report
         return report
 
-    async def _remember(self, report: cycle.ScanReport) -> None:
-        """Keep the report for the console's last scans and plots; a failure costs only that."""
+    async def _remember(self, report: cycle.ScanReport, effects: port.Effects) -> None:
+        """Keep the report for the console's last scans and plots (through the scan's port, a
+        dry one too: it is what the scan saw); a failure costs only that."""
         try:
-            await history.record_scan(
-                self._engine,
-                tenant=self._settings.tenant,
-                report=report.model_dump(mode="json", by_alias=True),
-            )
+            await effects.reported(report.model_dump(mode="json", by_alias=True))
         except Exception as exc:
             logger.warning("Scan report not stored: %s", cycle.describe_failure(exc))
 

@@ -1,6 +1,7 @@
 """Every PostgreSQL write a scan or an operator makes through the write port: event-log rows,
 the forgetting of silent heartbeat rows, the Redis epochs remembered, the attempts a reclaim
-opens and the dead letters it marks, the targets its moves reset, the scan's measurements. The
+opens and the dead letters it marks, the targets its moves reset, the scan's measurements and
+its report. The
 import contracts let only `effects` import it (pyproject.toml); the agent/API boundary
 (heartbeats, work reports, dispatches) keeps writers of its own in `intake`, `work` and
 `dispatches`, and a recovery after a Redis data loss its own in `recovery_writes`.
@@ -11,7 +12,7 @@ Thin: keyword arguments in, nothing decided.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from rig_conductor.adapters.postgres.tables import (
     group_assignments,
     move_targets,
     redis_epochs,
+    scan_reports,
 )
 from rig_conductor.domain import AssignmentState, FleetMeasure, GroupMeasure, MoveKey
 
@@ -305,3 +307,17 @@ async def record_move_targets(
     )
     async with engine.begin() as conn:
         await conn.execute(statement)
+
+
+async def record_scan(engine: AsyncEngine, *, tenant: str, report: Mapping[str, Any]) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            scan_reports.insert().values(
+                tenant=tenant,
+                dry_run=bool(report.get("dryRun")),
+                pending=int(report.get("pending", 0)),
+                reclaimed=int(report.get("reclaimed", 0)),
+                dead_lettered=int(report.get("deadLettered", 0)),
+                report=dict(report),
+            )
+        )
