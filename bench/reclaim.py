@@ -24,6 +24,7 @@ import harness
 from harness import GROUP, TENANT, BenchError, CliRun, Shape, Stores, redis_kit
 from rig_conductor.adapters.redis import sweep as redis_sweep
 from rig_conductor.domain import ConsumerName, GroupName, StreamKey
+from rig_conductor.effects import port
 from rig_conductor.reaper.cycle import ScanReport, reap_once
 from rig_conductor.settings import Settings
 
@@ -47,7 +48,12 @@ async def reap_here(
         entry_stale_ms=stale_ms, agent_down_ms=AGENT_DOWN_MS, dry_run=False,
     )  # fmt: skip
     started = time.perf_counter()
-    report = await reap_once(redis=stores.redis, engine=stores.engine, settings=settings)
+    report = await reap_once(
+        redis=stores.redis,
+        engine=stores.engine,
+        settings=settings,
+        effects=port.choose(False, engine=stores.engine, tenant=TENANT),
+    )
     return report, time.perf_counter() - started
 
 

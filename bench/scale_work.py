@@ -2,13 +2,14 @@
 thousands of finished issues before it, so the views that read the event log read a large one.
 
 The long story (`story`) goes through the conductor's own write path: the dispatch's append and
-record (`redis_streams.append_once`, `dispatches.record_dispatch`), every state change as an
-agent's report (`work.record_work`), a move as the reaper makes it (XCLAIM, `work.reclaimed`, the
-RECLAIMED row, `move_targets.record`). Its entry is read by every group of its stream, and the
-groups' holders report progress in turn: 10,000 WORK_PROGRESS rows of which no two in a row
-belong to one attempt, so none fold into a run and the timeline runs to 10,013 items. The bulk
-of those rows, and the finished history (`history`), are written by COPY in the shape
-`record_work` and the journal give them. It measures nothing, and decides nothing.
+record (`redis_writes.append_once`, `dispatches.record_dispatch`), every state change as an
+agent's report (`work.record_work`), a move as the reaper makes it (XCLAIM,
+`pg_writes.reclaimed`, the RECLAIMED row, `pg_writes.record_move_targets`). Its entry is read
+by every group of its stream, and the groups' holders report progress in turn: 10,000
+WORK_PROGRESS rows of which no two in a row belong to one attempt, so none fold into a run and
+the timeline runs to 10,013 items. The bulk of those rows, and the finished history
+(`history`), are written by COPY in the shape `record_work` and the journal give them. It
+measures nothing, and decides nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 import harness
 from harness import TENANT, BenchError, Stores
-from rig_conductor.adapters.postgres import dispatches, move_targets, queries, work
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.postgres import dispatches, queries, work
+from rig_conductor.adapters.postgres import writes as pg_writes
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import DEAD_LETTER_REASON, ConsumerName, GroupName, StreamKey
 
 STORY_ISSUE = "scale-story"
@@ -88,7 +90,7 @@ async def story(stores: Stores, *, stream: str, holders: Sequence[Worker], zombi
         "payload": json.dumps({"repo": "rig/conductor", "pr": 43, "kind": "review"}),
         "assignedAt": datetime.now(UTC).isoformat(),
     }
-    entry, _ = await redis_streams.append_once(
+    entry, _ = await redis_writes.append_once(
         redis, stream=StreamKey(stream), key=STORY_ISSUE, fields=fields, remember_s=REMEMBER_S
     )
     await dispatches.record_dispatch(
@@ -117,7 +119,7 @@ async def story(stores: Stores, *, stream: str, holders: Sequence[Worker], zombi
     bulk = STORY_PROGRESS - 2 - len(holders)
     turns = [holders[n % len(holders)] for n in range(bulk + len(holders))]
     rows = [_progress(by, stream, entry, attempts[by]) for by in turns[:bulk]]
-    await queries.append_events(engine, tenant=TENANT, rows=rows)
+    await pg_writes.append_events(engine, tenant=TENANT, rows=rows)
     for by in turns[bulk:]:
         await report("WORK_PROGRESS", by, attempt=attempts[by], expect=attempts[by])
     # Every row an item of the timeline, and the RECLAIMED one, which names the entry in its batch.
@@ -175,7 +177,7 @@ async def _stalled(stores: Stores, stream: str, entry: str, owner: Worker, to: W
     moved = await stores.redis.xclaim(stream, owner.group, to.consumer, 0, [entry], justid=True)
     if len(moved) != 1:
         raise BenchError(f"XCLAIM of {entry} to {to.consumer} moved {moved}")
-    await work.reclaimed(
+    await pg_writes.reclaimed(
         stores.engine,
         tenant=TENANT,
         stream=stream,
@@ -192,9 +194,9 @@ async def _stalled(stores: Stores, stream: str, entry: str, owner: Worker, to: W
         detail=_moved(to, "stalled", datetime.now(UTC)),
         entry_ids="{" + entry + "}",
     )
-    await queries.append_events(stores.engine, tenant=TENANT, rows=[row])
+    await pg_writes.append_events(stores.engine, tenant=TENANT, rows=[row])
     targets = [(StreamKey(stream), GroupName(to.group), ConsumerName(to.consumer))]
-    await move_targets.record(stores.engine, tenant=TENANT, targets=targets)
+    await pg_writes.record_move_targets(stores.engine, tenant=TENANT, targets=targets)
 
 
 def _progress(by: Worker, stream: str, entry: str, attempt: int) -> queries.EventRow:

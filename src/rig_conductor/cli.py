@@ -224,6 +224,7 @@ async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
     from rig_conductor.adapters.postgres import engine as pg
     from rig_conductor.adapters.redis import access as redis_access
     from rig_conductor.adapters.redis import client as redis_client
+    from rig_conductor.effects import port
     from rig_conductor.reaper import cycle
 
     gcpolicy.loaded()
@@ -245,8 +246,14 @@ async def _reap_once(settings: Settings, dry_run: bool) -> ScanReport | int:
             logger.error("%s", missing)
             return EXIT_USAGE
         try:
+            effects = port.choose(
+                dry_run,
+                engine=engine,
+                tenant=settings.tenant,
+                remember_s=settings.event_retention_days * 86_400,
+            )
             return await cycle.reap_once(
-                redis=topology, engine=engine, settings=settings, dry_run=dry_run
+                redis=topology, engine=engine, settings=settings, effects=effects
             )
         except Exception as exc:
             logger.error("Scan failed: %s", cycle.describe_failure(exc))

@@ -20,6 +20,11 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.effects import port as effects_port
+from rig_conductor.effects.port import Effects
+from rig_conductor.metrics import Metrics
+from rig_conductor.settings import Settings
+
 
 async def fill(redis: Redis, stream: str, group: str, n: int, *, start: int = 1) -> list[str]:
     """Create `group` (MKSTREAM) if needed and append n ISSUE_ASSIGNED-like entries."""
@@ -219,3 +224,16 @@ async def heartbeats_stored(engine: AsyncEngine, tenant: str = "default") -> int
             {"t": tenant},
         )
         return int(stored.scalar_one())
+
+
+def port(
+    engine: AsyncEngine, settings: Settings, *, metrics: Metrics | None = None, dry: bool = False
+) -> Effects:
+    """The write port a scan's entry point hands the scan: `DryEffects` with `dry`."""
+    return effects_port.choose(
+        dry,
+        engine=engine,
+        tenant=settings.tenant,
+        metrics=metrics,
+        remember_s=settings.event_retention_days * 86_400,
+    )

@@ -18,7 +18,7 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import migrations, queries
-from rig_conductor.adapters.postgres import work as work_store
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import agent_heartbeats, dispatches, events
 from rig_conductor.app import create_app
 from rig_conductor.settings import Settings
@@ -393,7 +393,7 @@ async def read_as(redis: Redis, consumer: str) -> None:
 async def move(redis: Redis, engine: AsyncEngine, entry: str, to: str) -> None:
     """A reclaim of `entry` to `to`: the XCLAIM, and the new attempt reserved for it."""
     await redis.xclaim("rig:dispatch", "workers", to, 0, [entry], justid=True)
-    await work_store.reclaimed(
+    await pg_writes.reclaimed(
         engine,
         tenant="default",
         stream="rig:dispatch",
@@ -516,7 +516,7 @@ async def test_a_target_that_starts_right_after_the_move_is_not_fenced_by_it(
     await redis.xclaim("rig:dispatch", "workers", "dev-e-1", 0, [entry], justid=True)
     started = await api.post("/api/events", json=work("WORK_STARTED", "dev-e-1", entry))
     assert started.json() == {"attempt": 2}
-    await work_store.reclaimed(
+    await pg_writes.reclaimed(
         engine,
         tenant="default",
         stream="rig:dispatch",

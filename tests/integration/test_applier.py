@@ -16,7 +16,7 @@ from rig_conductor import domain, logs
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, PendingEntry
-from rig_conductor.effects import applier as effects
+from rig_conductor.effects import port
 from rig_conductor.metrics import Metrics
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import TargetCandidate
@@ -83,13 +83,8 @@ async def test_a_dry_run_writes_nothing_and_says_what_it_would_do(
     keys, before = sorted(await any_redis.keys("*")), await pending_state(any_redis)
     metrics = Metrics()
     caplog.set_level(logging.INFO, logger=LOGGER)
-    applied = await effects.apply(
-        plan,
-        redis=any_redis,
-        journal=effects.Journal(engine, "default"),
-        metrics=metrics,
-        dry_run=True,
-    )
+    dry = port.choose(True, engine=engine, tenant="default", metrics=metrics)
+    applied = await dry.apply(plan, redis=any_redis)
     assert await pending_state(any_redis) == before
     assert sorted(await any_redis.keys("*")) == keys  # no DLQ stream either
     assert (applied.outcome.reclaimed, applied.outcome.dead_lettered) == (4, 2)
@@ -120,9 +115,8 @@ async def test_a_real_run_moves_what_the_guard_lets_through_and_dead_letters_the
     await any_redis.xclaim(S, G, OWNER, 0, [ids[3]], justid=True)
     metrics = Metrics()
     caplog.set_level(logging.INFO, logger=LOGGER)
-    applied = await effects.apply(
-        plan, redis=any_redis, journal=effects.Journal(engine, "default"), metrics=metrics
-    )
+    real = port.choose(False, engine=engine, tenant="default", metrics=metrics)
+    applied = await real.apply(plan, redis=any_redis)
     moved = [ids[2], ids[4], ids[5]]
     assert applied.moved == moved and applied.dead_lettered == ids[:2]
     outcome = applied.outcome
@@ -171,12 +165,8 @@ async def test_a_move_by_hand_guards_each_entry_and_records_one_row_naming_who(
     await redis.xclaim(S, G, OWNER, 0, [ids[3]], justid=True)
     metrics = Metrics()
     caplog.set_level(logging.INFO, logger=LOGGER)
-    applied = await effects.apply(
-        plan,
-        redis=redis,
-        journal=effects.Journal(engine, "default", by="operator:0123abcd"),
-        metrics=metrics,
-    )
+    real = port.choose(False, engine=engine, tenant="default", metrics=metrics)
+    applied = await real.apply(plan, redis=redis, by="operator:0123abcd")
     moved = [ids[2], ids[4], ids[5]]
     assert applied.moved == moved and applied.dead_lettered == ids[:2]
     said = lines(caplog)

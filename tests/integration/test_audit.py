@@ -30,7 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine  # noqa: E402
 
 from rig_conductor.adapters.postgres import audits, intake, queries, work  # noqa: E402
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows  # noqa: E402
-from rig_conductor.adapters.redis import streams as redis_streams  # noqa: E402
+from rig_conductor.adapters.postgres import writes as pg_writes  # noqa: E402
+from rig_conductor.adapters.redis import writes as redis_writes  # noqa: E402
 from rig_conductor.audit import main as audit_main  # noqa: E402
 from rig_conductor.domain import (  # noqa: E402
     AgentId,
@@ -45,7 +46,7 @@ from rig_conductor.reaper import cycle  # noqa: E402
 from rig_conductor.settings import Settings  # noqa: E402
 from tests.audit_conftest import jdbc_ready_fixture, spark_fixture  # noqa: E402, F401
 
-from .helpers import read  # noqa: E402
+from .helpers import port, read  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -72,7 +73,7 @@ class World:
     async def dispatch(self, label: str, issue: str, *, stream: str = S) -> str:
         """What `POST /api/events` ISSUE_ASSIGNED does: append once, then record it."""
         fields = {"type": "ISSUE_ASSIGNED", "issueId": issue, "agentId": "dev-e", "payload": "{}"}
-        entry, appended = await redis_streams.append_once(
+        entry, appended = await redis_writes.append_once(
             self.redis, stream=StreamKey(stream), key=label, fields=fields, remember_s=86_400
         )
         assert appended
@@ -119,7 +120,7 @@ class World:
         row = queries.EventRow(
             "WORK_COMPLETED", agent_of(consumer), consumer, stream, G, entry, attempt=attempt
         )
-        await queries.append_events(self.engine, tenant=TENANT, rows=[row])
+        await pg_writes.append_events(self.engine, tenant=TENANT, rows=[row])
 
     async def ack(self, label: str) -> None:
         stream, entry = self.entries[label]
@@ -132,7 +133,7 @@ class World:
     async def runtime_dead_letter(self, label: str, consumer: str, deliveries: int) -> str:
         """What the agent runtime does with a worn-out entry: straight to the DLQ, no event."""
         stream, entry = self.entries[label]
-        done = await redis_streams.dead_letter(
+        done = await redis_writes.dead_letter(
             self.redis,
             stream=StreamKey(stream),
             group=GroupName(G),
@@ -145,10 +146,10 @@ class World:
     async def requeue(self, label: str, dlq_id: str, new_label: str) -> None:
         """What `POST /api/deadletters/requeue` does."""
         stream, _ = self.entries[label]
-        moved = await redis_streams.requeue(self.redis, stream=StreamKey(stream), dlq_id=dlq_id)
+        moved = await redis_writes.requeue(self.redis, stream=StreamKey(stream), dlq_id=dlq_id)
         assert moved is not None
         entry, issue = moved
-        await queries.append_events(
+        await pg_writes.append_events(
             self.engine,
             tenant=TENANT,
             rows=[
@@ -181,7 +182,7 @@ class World:
         """Append rows, then pin their times (COPY stamps now()): known latencies and gaps."""
         async with self.engine.connect() as conn:
             before = (await conn.execute(text("SELECT coalesce(max(id), 0) FROM events"))).scalar()
-        await queries.append_events(self.engine, tenant=TENANT, rows=[row for row, _ in rows])
+        await pg_writes.append_events(self.engine, tenant=TENANT, rows=[row for row, _ in rows])
         async with self.engine.begin() as conn:
             for offset, (_, when) in enumerate(rows, start=1):
                 await conn.execute(
@@ -284,7 +285,9 @@ async def build(world: World, make_settings: Callable[..., Settings]) -> dict[st
         agent_down_ms=DOWN_MS_FOR_THE_REAPER,
         max_deliveries=3,
     )
-    scan = await cycle.reap_once(redis=redis, engine=world.engine, settings=reaper)
+    scan = await cycle.reap_once(
+        redis=redis, engine=world.engine, settings=reaper, effects=port(world.engine, reaper)
+    )
     assert (scan.reclaimed, scan.dead_lettered) == (3, 1), scan.model_dump(by_alias=True)
     owners = await redis.xpending_range(S, G, min="-", max="+", count=100)
     target = next(r["consumer"] for r in owners if r["message_id"] == world.entries["rc-12"][1])
@@ -451,7 +454,13 @@ async def test_the_audit_finds_exactly_what_was_planted(
     assert (verdict.dispatched, verdict.lost, verdict.duplicates) == (24, 4, 3)
     metrics = Metrics()
     assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 0  # exposed from start
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert metrics.registry.get_sample_value("rig_audit_lost_entries") == 4
     assert metrics.registry.get_sample_value("rig_audit_duplicate_issues") == 3
     finished = metrics.registry.get_sample_value("rig_audit_last_finished_timestamp_seconds")

@@ -21,7 +21,7 @@ from rig_conductor.domain import AgentId, Span
 from rig_conductor.reaper import cycle, schedule
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register, wait_for
+from .helpers import fill, owners, port, read, register, wait_for
 
 S, G = "rig:dispatch", "workers"
 
@@ -122,7 +122,9 @@ async def test_a_scan_after_an_outage_does_not_take_live_agents_work(
             )
         )
     settings = settings.model_copy(update={"agent_ids": ("review-e", "other")})
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=False)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=False)
+    )
     assert report.reclaimed == 0
     assert report.blind_ms > 30_000
     assert set((await owners(redis, S, G)).values()) == {"review-e-0"}
@@ -130,7 +132,9 @@ async def test_a_scan_after_an_outage_does_not_take_live_agents_work(
     # The same silence, heard: the agent is down and its entries move.
     async with engine.begin() as conn:
         await conn.execute(text("DELETE FROM listening"))
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=False)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=False)
+    )
     assert report.reclaimed == 3 and report.blind_ms == 0
     assert set((await owners(redis, S, G)).values()) == {"other-0"}
 
@@ -147,19 +151,25 @@ async def test_a_move_is_recorded_and_its_idle_time_is_no_evidence(
     await register(redis, S, G, "other-0")
     await read(redis, S, G, "third-0", 2)
     await heartbeats(engine, {"review-e": "1 hour", "other": "0 s", "third": "0 s"})
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=False)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=False)
+    )
     assert report.reclaimed == 2
     async with engine.connect() as conn:
         recorded = (await conn.execute(text("SELECT consumer FROM move_targets"))).all()
     assert recorded == [("other-0",)]
 
     await heartbeats(engine, {"third": "1 hour"})
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=False)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=False)
+    )
     assert report.reclaimed == 0 and report.no_target == 2
 
     # `other-0` reads its own pending entries: an idle time of its own again.
     await redis.xreadgroup(G, "other-0", {S: "0"})
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=False)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=False)
+    )
     assert report.reclaimed == 2
     assert set((await owners(redis, S, G)).values()) == {"other-0"}
 

@@ -15,10 +15,9 @@ from redis.asyncio import Redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import events
-from rig_conductor.adapters.redis import inspection as redis_inspect
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.operations import deadletters
 from rig_conductor.settings import Settings
 
@@ -78,9 +77,9 @@ async def test_all_that_match_go_in_batches_each_recorded(
     await plant(redis, LETTERS)
     csrf = await sign_in(console, OPERATOR)
     caplog.set_level(logging.INFO)
-    deletes = spy(monkeypatch, redis_inspect, "delete_dead_letters")
-    requeues = spy(monkeypatch, redis_streams, "requeue_many")
-    copies = spy(monkeypatch, queries, "append_events")
+    deletes = spy(monkeypatch, redis_writes, "delete_dead_letters")
+    requeues = spy(monkeypatch, redis_writes, "requeue_many")
+    copies = spy(monkeypatch, pg_writes, "append_events")
     deleted = await console.post(
         "/ui/deadletters/delete",
         data={"csrf": csrf, "stream": S, "q": "beta", "all_matching": "true"},

@@ -19,7 +19,7 @@ from rig_conductor.policy import degraded
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, owners, port, read, register
 
 S, G = "assignments:review-e", "review"
 CODEX, CLAUDE = "review-e-codex-0", "review-e-0"
@@ -221,11 +221,17 @@ async def test_a_degraded_owner_loses_its_entries_to_healthy_consumers(
         report=work.WorkReport("WORK_STARTED", "review-e-codex", S, ids[0], CODEX),
     )
     # Within the grace period nothing moves, however the entries' idle times stand.
-    assert (await cycle.reap_once(redis=redis, engine=engine, settings=settings)).reclaimed == 0
+    assert (
+        await cycle.reap_once(
+            redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+        )
+    ).reclaimed == 0
     await asyncio.sleep(1.6)  # past the grace of 1.5 s since the degraded beat
     await beat(engine, ("review-e-codex", CODEX, True))  # still degraded, still alive
     await redis.xclaim(S, G, CODEX, 0, ids, justid=True)  # and retrying: idle back to zero
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 6 and report.reclaimed_by_reason == {"degraded": 6}
     assert sorted((await owners(redis, S, G)).values()) == [CLAUDE] * 3 + ["review-e-1"] * 3
     async with engine.connect() as conn:
@@ -252,7 +258,9 @@ async def test_no_healthy_target_holds_the_entries(
     await beat(engine, ("review-e-codex", CODEX, True), ("review-e", CLAUDE, True))
     await asyncio.sleep(0.35)  # past the grace of 300 ms since the degraded beat
     await beat(engine, ("review-e-codex", CODEX, True))
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (report.reclaimed, report.degraded_held, report.no_target) == (0, 3, 0)
     assert set((await owners(redis, S, G)).values()) == {CODEX}
 
@@ -283,7 +291,9 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
     assert (await work.record_work(engine, tenant="default", report=progress)).accepted
     await redis.xclaim(S, G, CLAUDE, 0, [ids[2]], justid=True)
     await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed_by_reason == {"stalled": 1}
     assert await owners(redis, S, G) == {ids[0]: "review-e-1", ids[1]: CLAUDE, ids[2]: CLAUDE}
     for kind in ("WORK_PROGRESS", "WORK_COMPLETED"):
@@ -311,6 +321,8 @@ async def test_an_entry_done_but_not_yet_acked_is_not_stalled(
     )
     assert (await work.record_work(engine, tenant="default", report=completed)).accepted
     await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 0, report.reclaimed_by_reason
     assert await owners(redis, S, G) == {ids[0]: CLAUDE}

@@ -12,12 +12,13 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake, queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.operations.reports import KnownAgents
 from rig_conductor.reaper.cycle import reap_once
 from rig_conductor.settings import Settings
 
-from .helpers import fill, owners, read, register
+from .helpers import fill, owners, port, read, register
 
 S, G = "rig:dispatch", "workers"
 
@@ -34,7 +35,9 @@ async def test_an_agent_named_only_by_its_token_is_known_to_the_reaper(
         streams=(S,), agent_tokens="dev-e:dev-e-token-0123456789", entry_stale_ms=0
     )
     assert settings.agent_ids == ()  # named by its token only
-    report = await reap_once(redis=redis, engine=engine, settings=settings)
+    report = await reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 2
     assert await owners(redis, S, G) == dict.fromkeys(ids, "zz-0")
 
@@ -55,7 +58,7 @@ async def test_the_api_forgets_an_agent_the_registry_forgot(engine: AsyncEngine)
     assert (await known.index()).resolve(ConsumerName("gone-e-0")) == "gone-e"
     # The reaper forgets it (RIG_AGENT_FORGET_MS); the next read of the registry lacks it.
     later = datetime.now(UTC) + timedelta(minutes=1)
-    forgotten = await queries.forget_silent(
+    forgotten = await pg_writes.forget_silent(
         engine, tenant="default", before=later, keep_agents=(), keep_consumers=()
     )
     assert forgotten == (1, 1)

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import intake, migrations, queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import AgentId, ConsumerName
 
@@ -82,7 +83,7 @@ async def test_events_appended_with_copy_are_committed(engine: AsyncEngine) -> N
         )
         for i in range(3)
     ]
-    await queries.append_events(engine, tenant="default", rows=rows)
+    await pg_writes.append_events(engine, tenant="default", rows=rows)
     async with engine.connect() as conn:
         stored = (await conn.execute(select(events).order_by(events.c.id))).all()
     assert [r.entry_id for r in stored] == ["0-0", "1-0", "2-0"]
@@ -175,7 +176,7 @@ async def test_heartbeats_extend_an_interval_until_a_gap_or_a_change(engine: Asy
     assert await heartbeats_stored(engine) == 7
 
     # Forgetting the agent keeps what it was heard: its open interval ends too.
-    await queries.forget_silent(
+    await pg_writes.forget_silent(
         engine,
         tenant="default",
         before=datetime.now(UTC) + timedelta(hours=1),

@@ -21,7 +21,7 @@ from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests import redis_kit
 
-from .helpers import fill, idle_at_least, owners, read, register
+from .helpers import fill, idle_at_least, owners, port, read, register
 
 S, G = "rig:dispatch", "workers"
 STALE_MS = 200
@@ -62,7 +62,9 @@ async def test_reclaims_stale_entries_of_a_silent_agent(
 ) -> None:
     ids = await scene(redis, engine)
     with caplog.at_level(logging.INFO, logger="rig_conductor"):
-        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     assert (report.streams, report.groups, report.pending, report.reclaimed) == (1, 1, 3, 3)
     assert (report.dead_lettered, report.no_target, report.dry_run) == (0, 0, False)
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
@@ -117,7 +119,9 @@ async def test_a_consumer_silent_by_its_own_heartbeat_is_no_target(
             {"c": silent},
         )
     await beat(engine, "review-e")  # the agent itself is up
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 3
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
 
@@ -151,7 +155,11 @@ async def test_groups_judged_on_heartbeats_of_their_own_leave_the_scan_evidence_
         await beat(engine, "review-e", target)
         await idle_at_least(redis, stream, G, STALE_MS)
     report = await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, pods=Pods({}, listed=True)
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        pods=Pods({}, listed=True),
+        effects=port(engine, settings),
     )
     assert (report.reclaimed, report.no_target) == (4, 0)
     for stream, target in targets.items():
@@ -171,7 +179,9 @@ async def test_the_only_target_beyond_the_quiet_consumers_the_scan_summed_up(
     ids = await scene(redis, engine)
     for n in range(12):  # quiet consumers of the silent agent, before the target by name
         await register(redis, S, G, f"review-e-codex-rig-agent-runtime-q{n:02}")
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (report.reclaimed, report.no_target) == (3, 0)
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-rig-agent-runtime-0")
 
@@ -180,8 +190,12 @@ async def test_a_second_scan_finds_nothing_to_do(
     redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
     await scene(redis, engine)
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
-    again = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
+    again = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (again.reclaimed, again.consumers_down, again.pending) == (0, 0, 3)
 
 
@@ -190,7 +204,9 @@ async def test_dry_run_changes_nothing(
 ) -> None:
     ids = await scene(redis, engine)
     with caplog.at_level(logging.INFO, logger="rig_conductor"):
-        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=True)
+        report = await cycle.reap_once(
+            redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=True)
+        )
     assert (report.reclaimed, report.dry_run) == (3, True)
     assert await owners(redis, S, G) == dict.fromkeys(ids[:3], "review-e-codex-rig-agent-runtime-0")
     assert await queries.count_events(engine, tenant="default", kind="RECLAIMED") == 0
@@ -211,7 +227,9 @@ async def test_live_owners_and_fresh_entries_are_left_alone(
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
     await idle_at_least(redis, S, G, stale_ms)
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)  # dead agent, fresh entries
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 0 and report.no_target == 0
     assert await owners(redis, S, G) == {
         ids[0]: "review-e-rig-agent-runtime-0",
@@ -228,7 +246,9 @@ async def test_no_target_is_counted_and_logged(
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 2)
     await idle_at_least(redis, S, G, STALE_MS)
     with caplog.at_level(logging.INFO, logger="rig_conductor"):
-        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     assert (report.reclaimed, report.no_target) == (0, 2)
     assert await owners(redis, S, G) == dict.fromkeys(ids, "review-e-codex-rig-agent-runtime-0")
     assert (
@@ -250,7 +270,9 @@ async def test_worn_out_entries_are_dead_lettered(
     # The first entry is delivered a second time (a re-read of the pending list).
     await redis.xreadgroup(G, "review-e-codex-rig-agent-runtime-0", {S: "0"}, count=1)
     with caplog.at_level(logging.INFO, logger="rig_conductor"):
-        report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     assert (report.dead_lettered, report.reclaimed) == (1, 1)
     assert (
         f"[StreamReclaim] Dead-lettered {ids[0]} on rig:dispatch after 2 deliveries" in caplog.text
@@ -277,9 +299,13 @@ async def test_pod_gone_moves_entries_before_they_are_stale(
     await register(redis, S, G, "review-e-rig-agent-runtime-0")
     gone = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.GONE})
     unknown = Pods({ConsumerName("review-e-rig-agent-runtime-1"): PodState.UNKNOWN})
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=unknown)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, pods=unknown, effects=port(engine, settings)
+    )
     assert report.reclaimed == 0
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=gone)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, pods=gone, effects=port(engine, settings)
+    )
     assert report.reclaimed == 2
     assert await owners(redis, S, G) == dict.fromkeys(ids, "review-e-rig-agent-runtime-0")
 
@@ -288,7 +314,9 @@ async def test_whole_pending_list_in_one_scan(
     redis: Redis, engine: AsyncEngine, settings: Settings
 ) -> None:
     ids = await scene(redis, engine, held=2_345)
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 2_345
     assert set((await owners(redis, S, G)).values()) == {"review-e-rig-agent-runtime-0"}
     assert len(await owners(redis, S, G)) == len(ids) - 1
@@ -304,7 +332,9 @@ async def test_scan_reads_pending_lists_of_down_consumers_only(
         await beat(engine, "review-e", f"review-e-rig-agent-runtime-{n}")
     await read(redis, S, G, "review-e-codex-rig-agent-runtime-0", 10)  # fresh entries
     await redis.config_resetstat()
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     stats = await redis.info("commandstats")
     # The group's oldest entry (XPENDING - + 1), then the down consumer's list, nobody else's:
     # no entry is old enough to have stalled (rule 4b), so live owners' lists are not read.
@@ -321,7 +351,9 @@ async def test_every_stream_matching_a_pattern_is_scanned(
     await beat(engine, "review-e", "review-e-rig-agent-runtime-0")
     for stream in ("assignments:review-e", "assignments:dev-e"):
         await idle_at_least(redis, stream, "agents", STALE_MS)
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (report.streams, report.groups, report.reclaimed) == (2, 2, 4)
 
 
@@ -332,7 +364,9 @@ async def test_nothing_is_acked_outside_the_dead_letter_path(
     await scene(redis, engine, held=50)
     before = (await redis.xpending(S, G))["pending"]
     await redis.config_resetstat()
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (await redis.xpending(S, G))["pending"] == before
     assert "cmdstat_xack" not in await redis.info("commandstats")
 
@@ -342,7 +376,9 @@ async def test_redis_down_fails_the_scan_with_a_clear_reason(
 ) -> None:
     dead = redis_kit.connect("redis://127.0.0.1:1/0")
     with pytest.raises(RedisError) as caught:
-        await cycle.reap_once(redis=dead, engine=engine, settings=settings)
+        await cycle.reap_once(
+            redis=dead, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     await dead.aclose()
     assert cycle.describe_failure(caught.value).startswith("Redis unavailable")
 
@@ -353,10 +389,14 @@ async def test_postgres_down_fails_the_scan_and_the_next_one_runs(
     await scene(redis, engine)
     dead = pg.create_engine("postgresql+psycopg://postgres@127.0.0.1:1/rig")
     with pytest.raises(Exception) as caught:
-        await cycle.reap_once(redis=redis, engine=dead, settings=settings)
+        await cycle.reap_once(
+            redis=redis, engine=dead, settings=settings, effects=port(dead, settings)
+        )
     await dead.dispose()
     assert cycle.describe_failure(caught.value).startswith("PostgreSQL unavailable")
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.reclaimed == 3
 
 

@@ -17,10 +17,11 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import dispatches as dispatch_rows
-from rig_conductor.adapters.postgres import recovery, work
+from rig_conductor.adapters.postgres import recovery_writes, work
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.postgres.tables import assignments, dispatches, events, redis_epochs
 from rig_conductor.adapters.redis import keys as redis_keys
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.app import create_app
 from rig_conductor.domain import StagedOutput, StreamKey
 from rig_conductor.metrics import Metrics
@@ -28,6 +29,7 @@ from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 
 from .console_kit import AGENT, client_of
+from .helpers import port
 
 S = StreamKey("rig:dispatch")
 HOLDER = "builder-pod-0"
@@ -39,7 +41,7 @@ def fields(issue: str) -> dict[str, str]:
 
 async def dispatched(redis: Redis, engine: AsyncEngine, issue: str) -> str:
     """A dispatch as the API makes it: appended once, then recorded with its fields."""
-    entry_id, _ = await redis_streams.append_once(
+    entry_id, _ = await redis_writes.append_once(
         redis, stream=S, key=issue, fields=fields(issue), remember_s=3600
     )
     await dispatch_rows.record_dispatch(
@@ -138,11 +140,17 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
     await report(engine, "WORK_STARTED", done, "rc-done")
     await report(engine, "WORK_COMPLETED", done, "rc-done", attempt=1)
     dead = await dispatched(redis, engine, "rc-dead")
-    await work.dead_lettered(
+    await pg_writes.dead_lettered(
         engine, tenant="default", stream=S, group="builders", entries=[(dead, "rc-dead", 5)]
     )
 
-    first = await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    first = await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert (first.redis_data_lost, first.redispatched) == ([], 0)
     epoch = await redis.get(redis_keys.epoch_key(S))
     async with engine.connect() as conn:
@@ -150,11 +158,19 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
 
     await redis.flushdb()  # Redis lost everything: streams, groups, markers, the epoch
 
-    dry = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=True)
+    dry = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=True)
+    )
     assert (dry.redis_data_lost, dry.redispatched) == ([S], 3)
     assert await redis.exists(S, redis_keys.epoch_key(S)) == 0  # a dry run changes nothing
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings, metrics=metrics)
+    scan = await cycle.reap_once(
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        metrics=metrics,
+        effects=port(engine, settings, metrics=metrics),
+    )
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 3)
     issues = await stream_issues(redis)
     assert sorted(issues) == ["rc-failed", "rc-new", "rc-started"]
@@ -195,7 +211,9 @@ async def test_every_unfinished_dispatch_is_appended_again_once_and_the_lost_one
 
     assert metrics.redis_data_losses.labels(S)._value.get() == 1
     assert metrics.redispatched.labels(S, "redis-data-loss")._value.get() == 3
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched, await redis.xlen(S)) == ([], 0, 3)
 
 
@@ -224,11 +242,18 @@ async def test_two_conductors_recovering_at_once_append_each_dispatch_once(
         entry_id = await dispatched(redis, engine, issue)
         if issue.endswith("0"):
             await report(engine, "WORK_STARTED", entry_id, issue)
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
 
     scans = await asyncio.gather(
-        *(cycle.reap_once(redis=redis, engine=engine, settings=settings) for _ in range(2))
+        *(
+            cycle.reap_once(
+                redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+            )
+            for _ in range(2)
+        )
     )
 
     assert sum(s.redispatched for s in scans) == len(issues)
@@ -245,14 +270,18 @@ async def test_a_dispatch_the_client_retried_first_is_followed_not_appended_twic
     settings = make_settings(streams=(S,), dispatch_stream=S)
     lost = await dispatched(redis, engine, "rc-retried")
     await report(engine, "WORK_STARTED", lost, "rc-retried")
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     # The client retries before the next scan: its append wins the key; the record keeps the
     # lost entry (a repeat records nothing new).
     retried = await dispatched(redis, engine, "rc-retried")
     assert retried != lost and await recorded_entry(engine, "rc-retried") == lost
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched, await redis.xlen(S)) == ([S], 1, 1)
     assert await recorded_entry(engine, "rc-retried") == retried
@@ -266,11 +295,15 @@ async def test_an_entry_its_holder_completed_before_the_scan_is_not_appended_aga
     settings = make_settings(streams=(S,), dispatch_stream=S)
     held = await dispatched(redis, engine, "rc-held")
     await report(engine, "WORK_STARTED", held, "rc-held")
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     assert (await report(engine, "WORK_COMPLETED", held, "rc-held", attempt=1)).accepted
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched, await redis.exists(S)) == ([S], 0, 0)
     assert await completions(engine, "rc-held") == 1
@@ -282,23 +315,29 @@ async def test_a_recovery_cut_off_half_way_is_finished_by_the_next_scan(
     settings = make_settings(streams=(S,), dispatch_stream=S)
     for issue in ("rc-a", "rc-b"):
         await dispatched(redis, engine, issue)
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
     # A conductor found the loss, set a new marker, appended rc-a and died before recording
     # anything in PostgreSQL.
-    await redis_streams.claim_epoch(redis, stream=S, epoch="set-by-a-conductor-that-died")
-    appended, _ = await redis_streams.append_once(
+    await redis_writes.claim_epoch(redis, stream=S, epoch="set-by-a-conductor-that-died")
+    appended, _ = await redis_writes.append_once(
         redis, stream=S, key="rc-a", fields=fields("rc-a"), remember_s=3600
     )
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
 
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 2)
     found = await stream_issues(redis)
     assert sorted(found) == ["rc-a", "rc-b"] and found["rc-a"] == appended
     async with engine.connect() as conn:
         assert await conn.scalar(select(redis_epochs.c.epoch)) == "set-by-a-conductor-that-died"
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
 
 
@@ -348,10 +387,14 @@ async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
         outputs=(staged,),
     )  # fmt: skip
     assert completed.accepted
-    await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     await redis.flushdb()
 
-    scan = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    scan = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (scan.redis_data_lost, scan.redispatched) == ([S], 2)
     issues = await stream_issues(redis)
     assert sorted(issues) == ["rc-a", "rc-c"]
@@ -378,7 +421,9 @@ async def test_fan_out_each_group_gets_back_what_it_had_not_finished(
             ).all()
         )
     assert carried_from == {"builders": lagging, "reviewers": unpublished}
-    quiet = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    quiet = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert (quiet.redis_data_lost, quiet.redispatched) == ([], 0)
 
 
@@ -392,18 +437,18 @@ async def test_a_start_of_the_new_entry_waits_for_the_rows_that_carry_the_finish
     await finish(engine, entry, "rc-1", "builders", "b-0")
     await finish(engine, entry, "rc-1", "reviewers", "r-0")
     dispatch = dispatch_rows.RecentDispatch("rc-1", S, entry, "rc-1", "builder", fields("rc-1"))
-    fence = await recovery.supersede(
+    fence = await recovery_writes.supersede(
         engine, tenant="default", dispatch=dispatch, expected=["builders", "reviewers", "qa"]
     )
     assert fence is not None  # "qa" has not done it: it comes back
-    async with recovery.appending(engine, tenant="default", dispatch=dispatch) as conn:
+    async with recovery_writes.appending(engine, tenant="default", dispatch=dispatch) as conn:
         appended = await redis.xadd(S, fields("rc-1"))
         start = asyncio.create_task(
             grouped(engine, "WORK_STARTED", appended, "rc-1", "reviewers", "r-1")
         )
         await asyncio.sleep(0.5)  # time for a start that does not wait to be answered
         assert not start.done(), "the start did not wait for the new entry's rows"
-        assert await recovery.reappended(
+        assert await recovery_writes.reappended(
             conn, tenant="default", dispatch=dispatch, entry_id=appended, carries=fence.carries
         )
     outcome = await asyncio.wait_for(start, timeout=10)

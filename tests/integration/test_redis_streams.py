@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import ConsumerName, GroupInfo, GroupName, PendingEntry, StreamKey
 from tests import redis_kit
 
@@ -158,8 +159,8 @@ async def _sweep(redis: Redis, target: str, owner: str) -> list[str]:
         )
         page = pages[ConsumerName(owner)]
         least = min((e.idle_ms for e in page.entries), default=0)
-        batch = redis_sweep.ClaimBatch(ConsumerName(target), least, [e.id for e in page.entries])
-        [claimed] = await redis_sweep.claim(redis, stream=S, group=G, batches=[batch])
+        batch = redis_writes.ClaimBatch(ConsumerName(target), least, [e.id for e in page.entries])
+        [claimed] = await redis_writes.claim(redis, stream=S, group=G, batches=[batch])
         moved += claimed
         request = None if page.next_start is None else redis_sweep.PageRequest(0, page.next_start)
     return moved
@@ -191,7 +192,7 @@ async def test_dead_letter_copies_with_diagnostics_and_acks(any_redis: Redis) ->
     await read(any_redis, S, G, "a-0", 2)
     await idle_at_least(any_redis, S, G, 20)  # the guard a claim carries is above 0
     entries = [e for e in await _pending(any_redis, "a-0") if e.id == ids[0]]
-    done = await redis_streams.dead_letter(
+    done = await redis_writes.dead_letter(
         any_redis, stream=S, group=G, entries=entries, reason="max-deliveries"
     )
     assert [(d.entry_id, d.deliveries, d.issue_id) for d in done] == [(ids[0], 1, "rc-1")]
@@ -218,8 +219,7 @@ async def test_dead_letter_is_guarded_like_a_claim(any_redis: Redis) -> None:
     seen = await _pending(any_redis, "a-0", min_idle=250)
     await any_redis.xclaim(S, G, "b-0", min_idle_time=0, message_ids=ids, justid=True)
     assert (
-        await redis_streams.dead_letter(any_redis, stream=S, group=G, entries=seen, reason="r")
-        == []
+        await redis_writes.dead_letter(any_redis, stream=S, group=G, entries=seen, reason="r") == []
     )
     assert await any_redis.exists(f"{S}:dlq") == 0
     assert await owners(any_redis, S, G) == {ids[0]: "b-0"}
@@ -230,7 +230,7 @@ async def test_dead_letter_of_a_trimmed_entry_says_so(any_redis: Redis) -> None:
     await read(any_redis, S, G, "a-0", 1)
     await any_redis.xdel(S, ids[0])
     entries = await _pending(any_redis, "a-0")
-    done = await redis_streams.dead_letter(
+    done = await redis_writes.dead_letter(
         any_redis, stream=S, group=G, entries=entries, reason="max-deliveries"
     )
     assert [d.issue_id for d in done] == [None]

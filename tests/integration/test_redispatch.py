@@ -13,10 +13,12 @@ from rig_conductor.adapters.postgres import dispatches as dispatch_rows
 from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.postgres.tables import dispatches, events
 from rig_conductor.adapters.redis import keys as redis_keys
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
+
+from .helpers import port
 
 S = StreamKey("rig:dispatch")
 
@@ -27,7 +29,7 @@ def fields(issue: str) -> dict[str, str]:
 
 async def acknowledged(redis: Redis, engine: AsyncEngine, issue: str) -> str:
     """A dispatch as the API makes it: appended once, then recorded with its fields."""
-    entry_id, _ = await redis_streams.append_once(
+    entry_id, _ = await redis_writes.append_once(
         redis, stream=S, key=issue, fields=fields(issue), remember_s=3600
     )
     await dispatch_rows.record_dispatch(
@@ -47,10 +49,14 @@ async def test_a_lost_dispatch_is_appended_again_once(
     await redis.xdel(S, lost)
     await redis.delete(redis_keys.dispatched_key(S, "rc-lost"))
 
-    dry = await cycle.reap_once(redis=redis, engine=engine, settings=settings, dry_run=True)
+    dry = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings, dry=True)
+    )
     assert dry.redispatched == 1 and await redis.xlen(S) == 1
 
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.redispatched == 1
     rows = await redis.xrange(S)
     assert rows[0][0] == kept
@@ -71,7 +77,9 @@ async def test_a_lost_dispatch_is_appended_again_once(
     assert recorded == new_id
     assert (new_id, {"idempotencyKey": "rc-lost", "replaces": lost}) in [tuple(r) for r in assigned]
 
-    again = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    again = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert again.redispatched == 0 and await redis.xlen(S) == 2
 
 
@@ -90,5 +98,7 @@ async def test_a_dispatch_an_agent_started_is_never_appended_again(
     )  # fmt: skip
     await redis.xdel(S, lost)
     await redis.delete(redis_keys.dispatched_key(S, "rc-started"))
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
+    )
     assert report.redispatched == 0 and await redis.xlen(S) == 0

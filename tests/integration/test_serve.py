@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import cycle, leader
 from rig_conductor.reaper.schedule import ReaperService
@@ -194,7 +195,7 @@ async def test_no_scan_starts_once_stop_returns(
 
 async def test_retention_deletes_old_events_in_batches(engine: AsyncEngine) -> None:
     reports = [queries.EventRow("WORK_PROGRESS", agent_id="dev-e")] * 25
-    await queries.append_events(engine, tenant="default", rows=reports)
+    await pg_writes.append_events(engine, tenant="default", rows=reports)
     async with engine.begin() as conn:
         await conn.execute(
             text("UPDATE events SET occurred_at = now() - interval '40 days' WHERE id <= 23")

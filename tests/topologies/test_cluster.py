@@ -17,13 +17,14 @@ from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.app import create_app
 from rig_conductor.domain import AgentId, ConsumerName, Pods, StreamKey
 from rig_conductor.reaper import cycle
 from rig_conductor.settings import Settings
 from tests.integration.console_kit import OPERATOR, client_of, sign_in
-from tests.integration.helpers import fill, idle_at_least, owners, read, register
+from tests.integration.helpers import fill, idle_at_least, owners, port, read, register
 
 from .servers import Cluster
 
@@ -78,7 +79,9 @@ async def test_streams_on_every_primary_are_found_and_reclaimed(
     settings = reaper_settings(settings_for, cluster_env)
     topology = Topology(cluster_client, settings)
     try:
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert (report.streams, report.groups, report.reclaimed) == (9, 9, 9 * PER_STREAM)
@@ -114,7 +117,11 @@ async def test_groups_on_different_primaries_are_judged_on_heartbeats_of_their_o
     topology = Topology(cluster_client, settings)
     try:
         report = await cycle.reap_once(
-            redis=topology, engine=engine, settings=settings, pods=Pods({}, listed=True)
+            redis=topology,
+            engine=engine,
+            settings=settings,
+            pods=Pods({}, listed=True),
+            effects=port(engine, settings),
         )
     finally:
         await topology.aclose()
@@ -133,7 +140,9 @@ async def test_dead_letters_go_to_a_stream_in_the_same_slot_and_requeue_there(
     settings = reaper_settings(settings_for, cluster_env, max_deliveries=1)
     topology = Topology(cluster_client, settings)
     try:
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert report.dead_lettered == 3 * PER_STREAM and report.reclaimed == 0
@@ -146,7 +155,7 @@ async def test_dead_letters_go_to_a_stream_in_the_same_slot_and_requeue_there(
         )
         assert sorted(letter.original_id for letter in letters) == sorted(held[stream])
         assert await owners(cluster_client, stream, G) == {}
-        back = await redis_streams.requeue(
+        back = await redis_writes.requeue(
             cluster_client, stream=StreamKey(stream), dlq_id=letters[0].dlq_id
         )
         assert back is not None
@@ -158,10 +167,10 @@ async def test_dispatch_is_appended_once_per_key_beside_its_marker(
 ) -> None:
     stream = StreamKey("rig:dispatch")
     fields = {"type": "ISSUE_ASSIGNED", "issueId": "rc-1"}
-    first = await redis_streams.append_once(
+    first = await redis_writes.append_once(
         cluster_client, stream=stream, key="rc-1", fields=fields, remember_s=60
     )
-    again = await redis_streams.append_once(
+    again = await redis_writes.append_once(
         cluster_client, stream=stream, key="rc-1", fields=fields, remember_s=60
     )
     assert first[1] and not again[1] and first[0] == again[0]
@@ -187,7 +196,9 @@ async def test_a_slot_moved_since_the_map_was_read_costs_one_retry_and_no_double
         target = next(p for p in cluster.primaries() if p != cluster.port_of(before))
         cluster.migrate_slot(stream, target)  # ... and is stale from here on
         assert topology.owner(stream) == before
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
     finally:
         await topology.aclose()
     assert report.reclaimed == PER_STREAM and report.nodes_failed == []
@@ -222,7 +233,8 @@ async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
     held = await scene(cluster_client, engine, [stream])
     settings = reaper_settings(settings_for, cluster_env, streams=(stream,))
     topology = Topology(cluster_client, settings)
-    real = getattr(redis_sweep, seam)
+    module = {"read_pages": redis_sweep, "claim": redis_writes}[seam]  # the reads; the writes
+    real = getattr(module, seam)
     calls = 0
 
     async def slot_moves_first(*args: Any, **kwargs: Any) -> Any:
@@ -236,10 +248,12 @@ async def test_a_slot_moved_under_the_sweep_is_retried_where_it_lives_now(
     try:
         before = cluster.owner_of(stream)
         with (
-            mock.patch.object(redis_sweep, seam, slot_moves_first),
+            mock.patch.object(module, seam, slot_moves_first),
             caplog.at_level(logging.INFO, logger="rig_conductor"),
         ):
-            report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+            report = await cycle.reap_once(
+                redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+            )
     finally:
         await topology.aclose()
     assert cluster.owner_of(stream) != before, "the slot moved under the sweep"
@@ -268,13 +282,17 @@ async def test_a_dead_primary_is_left_out_and_counted_while_the_others_are_reape
     cluster.server(victim).kill()
     try:
         with caplog.at_level(logging.WARNING, logger="rig_conductor"):
-            report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+            report = await cycle.reap_once(
+                redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+            )
         assert report.nodes_failed == [f"127.0.0.1:{victim}"]
         assert report.reclaimed == (len(STREAMS) - len(on_victim)) * PER_STREAM
         assert any("left out of this scan" in r.getMessage() for r in caplog.records)
         # The replica takes over; the next scan reaches the streams the dead node held.
         cluster.wait_failover(victim)
-        report = await cycle.reap_once(redis=topology, engine=engine, settings=settings)
+        report = await cycle.reap_once(
+            redis=topology, engine=engine, settings=settings, effects=port(engine, settings)
+        )
         assert report.nodes_failed == []
         assert report.reclaimed == len(on_victim) * PER_STREAM
         for stream in STREAMS:

@@ -2,8 +2,9 @@
 Redis, the event-log rows (`effects.journal`), the metrics and every `[StreamReclaim]` line.
 
 The reaper's sweep hands an `Applier` the plan of each chunk of a group as it is made; the
-console's move hands it one plan (`apply`). A dry run is the same planning handed to `DryRun`,
-an applier that writes nothing, to Redis or anywhere: it logs what it would do and counts it.
+console's move hands it one plan (`apply`). The scan's or the request's port (`effects.port`)
+hands the applier out; a dry run's hands out `DryRun`, an applier that writes nothing, to
+Redis or anywhere: it logs what it would do and counts it.
 Decides nothing: what moves where, and what is worn out, is the plan's (`policy.reclaim`).
 """
 
@@ -18,7 +19,7 @@ from redis.asyncio import Redis
 
 from rig_conductor import logs
 from rig_conductor.adapters.redis import streams as redis_streams
-from rig_conductor.adapters.redis import sweep as redis_sweep
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import (
     DEAD_LETTER_REASON,
     UNKNOWN_AGENT,
@@ -44,7 +45,7 @@ WOULD_RECLAIM = (
     " ({reason})"
 )
 
-__all__ = ["Applied", "Applier", "DryRun", "Journal", "Timing", "apply", "for_group"]
+__all__ = ["Applied", "Applier", "DryRun", "Journal", "Timing", "apply"]
 
 
 @dataclass(eq=False)
@@ -89,7 +90,7 @@ class Applier:
         for entry in plan.no_target:
             no_target[entry.consumer] = no_target.get(entry.consumer, 0) + 1
         batches = [
-            redis_sweep.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
+            redis_writes.ClaimBatch(claim.target, claim.min_idle_ms, [e.id for e in claim.entries])
             for claim in plan.claims
         ]
         claimed = await self._claim(batches)
@@ -130,10 +131,10 @@ class Applier:
 
     # The effects themselves: `DryRun` has its own.
 
-    async def _claim(self, batches: list[redis_sweep.ClaimBatch]) -> list[list[EntryId]]:
+    async def _claim(self, batches: list[redis_writes.ClaimBatch]) -> list[list[EntryId]]:
         a = self.assessment
         with self.timing("claim"):
-            return await redis_sweep.claim(
+            return await redis_writes.claim(
                 self.redis, stream=a.stream, group=a.group, batches=batches
             )
 
@@ -166,7 +167,7 @@ class Applier:
         line and a DEAD_LETTERED row each, its assignment marked dead."""
         a, worn = self.assessment, self.worn
         with self.timing("deadLetter"):
-            dead = await redis_streams.dead_letter(
+            dead = await redis_writes.dead_letter(
                 self.redis, stream=a.stream, group=a.group, entries=worn, reason=DEAD_LETTER_REASON
             )
             owners = {entry.id: entry.consumer for entry in worn}
@@ -218,7 +219,7 @@ class DryRun(Applier):
     """The same plans, nothing written: no claim, no dead letter, no row, no counter. Every
     entry a claim names counts as moved (the guard is not asked), and each gets its line."""
 
-    async def _claim(self, batches: list[redis_sweep.ClaimBatch]) -> list[list[EntryId]]:
+    async def _claim(self, batches: list[redis_writes.ClaimBatch]) -> list[list[EntryId]]:
         return [list(batch.ids) for batch in batches]
 
     def _delays(self, claims: Sequence[reclaim.Claim], claimed: list[list[EntryId]]) -> None:
@@ -230,33 +231,20 @@ class DryRun(Applier):
     async def flush(self) -> None:
         return None
 
+    async def finish(self) -> GroupOutcome:
+        outcome = await super().finish()
+        # Nothing moved in Redis: the scan's counts of pending entries stay as it read them.
+        outcome.changes.clear()
+        return outcome
+
     async def _dead_letter(self, outcome: GroupOutcome) -> None:
         for entry in self.worn:
-            logger.info(
-                "[StreamReclaim] DRY RUN: would dead-letter %s on %s after %d deliveries",
-                entry.id,
-                self.assessment.stream,
-                entry.deliveries,
-            )
+            dead_letters.would_dead_letter(entry.id, self.assessment.stream, entry.deliveries)
         outcome.dead_lettered = len(self.worn)
         self.dead_lettered = [entry.id for entry in self.worn]
 
     def _count(self, outcome: GroupOutcome, metrics: Metrics) -> None:
         return None
-
-
-def for_group(
-    assessment: reclaim.GroupAssessment,
-    *,
-    redis: Redis,
-    journal: Journal,
-    metrics: Metrics | None,
-    dry_run: bool,
-    timing: Timing = no_timing,
-) -> Applier:
-    """The applier of one group's plans: `DryRun` in a dry run."""
-    kind = DryRun if dry_run else Applier
-    return kind(assessment, redis=redis, journal=journal, metrics=metrics, timing=timing)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,18 +256,8 @@ class Applied:
     dead_lettered: list[EntryId]
 
 
-async def apply(
-    plan: reclaim.ReclaimPlan,
-    *,
-    redis: Redis,
-    journal: Journal,
-    metrics: Metrics | None,
-    dry_run: bool = False,
-) -> Applied:
-    """`plan` takes effect in one go (in a dry run: is logged): a move from the console."""
-    applier = for_group(
-        plan.assessment, redis=redis, journal=journal, metrics=metrics, dry_run=dry_run
-    )
+async def apply(applier: Applier, plan: reclaim.ReclaimPlan) -> Applied:
+    """`plan` takes effect in one go through `applier` (a `DryRun`: is logged): a move by hand."""
     try:
         claimed = await applier.apply(plan)
     finally:

@@ -17,7 +17,8 @@ from typing import NamedTuple
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import move_targets, queries, work
+from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import DEAD_LETTER_REASON, AgentId, ConsumerName, EntryId, EventKind
 from rig_conductor.policy import reclaim
@@ -93,12 +94,12 @@ class Recorder:
     async def _record(self, moved: list[_Moved]) -> None:
         assessment, journal = self._assessment, self._journal
         rows = [row for m in moved for row in self._rows(*m)]
-        await queries.append_events(journal.engine, tenant=journal.tenant, rows=rows)
+        await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=rows)
         by_target: dict[ConsumerName, list[EntryId]] = {}
         for m in moved:
             by_target.setdefault(m.target, []).extend(m.ids)
         for target, ids in by_target.items():
-            await work.reclaimed(
+            await pg_writes.reclaimed(
                 journal.engine,
                 tenant=journal.tenant,
                 stream=assessment.stream,
@@ -106,7 +107,7 @@ class Recorder:
                 consumer=target,
                 entry_ids=ids,
             )
-        await move_targets.record(
+        await pg_writes.record_move_targets(
             journal.engine,
             tenant=journal.tenant,
             targets=[(assessment.stream, assessment.group, target) for target in by_target],
@@ -169,9 +170,9 @@ async def record_dead_letters(
 ) -> None:
     """A DEAD_LETTERED row per dead letter, and its assignment marked dead."""
     rows = dead_letter_rows(assessment, dead, owners=owners, dlq_stream=dlq_stream)
-    await queries.append_events(journal.engine, tenant=journal.tenant, rows=rows)
+    await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=rows)
     entries = [(d.entry_id, d.issue_id, d.deliveries) for d in dead]
-    await work.dead_lettered(
+    await pg_writes.dead_lettered(
         journal.engine,
         tenant=journal.tenant,
         stream=assessment.stream,
@@ -209,3 +210,11 @@ def dead_letter_rows(
             )
         )
     return rows
+
+
+async def scan_requested(journal: Journal, summary: Mapping[str, object]) -> None:
+    """The SCAN_REQUESTED row of a scan an operator ran from the console, naming who."""
+    row = queries.EventRow(
+        EventKind.SCAN_REQUESTED, detail=json.dumps({"by": journal.by, **summary})
+    )
+    await pg_writes.append_events(journal.engine, tenant=journal.tenant, rows=[row])

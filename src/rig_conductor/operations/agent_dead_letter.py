@@ -16,8 +16,7 @@ from rig_conductor.adapters.postgres import work
 from rig_conductor.adapters.redis import holders as redis_holders
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, EntryId, GroupName, StreamKey
-from rig_conductor.effects import dead_letters
-from rig_conductor.effects.journal import Journal
+from rig_conductor.effects import port
 from rig_conductor.runtime import Runtime
 
 Reason = Literal["max-deliveries", "trimmed"]
@@ -69,9 +68,9 @@ async def dead_letter(rt: Runtime, request: Request) -> Outcome:
     )
     if finished is not None:
         return Done(finished)
-    done = await dead_letters.dead_letter_held(
+    effects = port.choose(False, engine=rt.engine, tenant=rt.settings.tenant)
+    done = await effects.dead_letter_held(
         rt.redis,
-        Journal(rt.engine, rt.settings.tenant),
         stream=request.stream,
         group=request.group,
         consumer=request.consumer,

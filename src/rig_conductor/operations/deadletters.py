@@ -1,14 +1,14 @@
 """Dead letters: find (filtered, paged), requeue and delete, one, the selected, or all that match.
 
 Requeue appends the letter's original fields to its stream and removes the letter in one
-atomic script; delete removes it. Both write an event-log row and an audit line with who.
+atomic script; delete removes it. Both write an event-log row (through the request's write
+port, `effects.dead_letters`) and an audit line with who.
 Many letters go in batches of `BATCH`: the Redis work of a batch in one round trip, its
 event-log rows in one COPY, its audit lines in one record; so ten thousand take seconds.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,11 +16,11 @@ from typing import Literal
 
 from rig_conductor import logs, roles
 from rig_conductor.adapters import failures
-from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis.streams import DeadLetter
-from rig_conductor.domain import EventKind, StreamKey
+from rig_conductor.domain import StreamKey
+from rig_conductor.effects import port
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger(logs.CONSOLE_LOGGER)
@@ -93,7 +93,9 @@ async def requeue(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> str | None:
     """Put the letter back on its stream; the new entry's id, None when there is no letter."""
-    done = await _requeue(rt, caller, stream=stream, dlq_ids=[dlq_id], console=console)
+    done = await _requeue(
+        rt, _effects(rt), caller, stream=stream, dlq_ids=[dlq_id], console=console
+    )
     return done.get(dlq_id)
 
 
@@ -101,7 +103,11 @@ async def delete(
     rt: Runtime, caller: roles.Caller, *, stream: StreamKey, dlq_id: str, console: bool = False
 ) -> bool:
     """Drop the letter for good; False when there is no such letter."""
-    return bool(await _act(rt, caller, "delete", stream=stream, dlq_ids=[dlq_id], console=console))
+    effects = _effects(rt)
+    done = await _act(
+        rt, effects, caller, "delete", stream=stream, dlq_ids=[dlq_id], console=console
+    )
+    return bool(done)
 
 
 async def apply_to(
@@ -116,10 +122,13 @@ async def apply_to(
     """Requeue (or delete) the dead letters with these ids (from the console, or the API);
     how many."""
     done = 0
+    effects = _effects(rt)
     ids = list(dict.fromkeys(dlq_ids))
     for start in range(0, len(ids), BATCH):
         batch = ids[start : start + BATCH]
-        done += await _act(rt, caller, action, stream=stream, dlq_ids=batch, console=console)
+        done += await _act(
+            rt, effects, caller, action, stream=stream, dlq_ids=batch, console=console
+        )
     return done
 
 
@@ -135,20 +144,34 @@ async def apply_to_matching(
     """Requeue (or delete) every dead letter that matches (from the console, or the API); how
     many."""
     done = 0
+    effects = _effects(rt)
     cursor: str | None = None
     while True:
         page, cursor = await find(rt, stream=stream, where=where, before=cursor, count=BATCH)
         ids = [letter.dlq_id for letter in page]
         if ids:  # the page after a full last one comes back empty
             done += await _act(
-                rt, caller, action, stream=stream, dlq_ids=ids, letters=page, console=console
+                rt,
+                effects,
+                caller,
+                action,
+                stream=stream,
+                dlq_ids=ids,
+                letters=page,
+                console=console,
             )
         if cursor is None:
             return done
 
 
+def _effects(rt: Runtime) -> port.Effects:
+    """The request's write port: an operator's change is never dry."""
+    return port.choose(False, engine=rt.engine, tenant=rt.settings.tenant, metrics=rt.metrics)
+
+
 async def _act(
     rt: Runtime,
+    effects: port.Effects,
     caller: roles.Caller,
     action: Action,
     *,
@@ -160,16 +183,18 @@ async def _act(
     """One batch requeued or deleted; how many. `letters`: the letters of `dlq_ids`, when the
     caller has read them already (a delete's rows describe them)."""
     if action == "requeue":
-        return len(await _requeue(rt, caller, stream=stream, dlq_ids=dlq_ids, console=console))
+        done = await _requeue(rt, effects, caller, stream=stream, dlq_ids=dlq_ids, console=console)
+        return len(done)
     if letters is None:
         with failures.named_by_request():
             found = await redis_inspect.dead_letters_by_id(rt.redis, stream=stream, dlq_ids=dlq_ids)
         letters = list(found.values())
-    return await _delete(rt, caller, stream=stream, letters=letters, console=console)
+    return await _delete(rt, effects, caller, stream=stream, letters=letters, console=console)
 
 
 async def _requeue(
     rt: Runtime,
+    effects: port.Effects,
     caller: roles.Caller,
     *,
     stream: StreamKey,
@@ -178,20 +203,7 @@ async def _requeue(
 ) -> dict[str, str]:
     """One batch: the letters back on the stream (one round trip), their rows (one COPY) and
     audit lines (one record); the new entry id of each letter requeued."""
-    with failures.named_by_request():
-        replies = await redis_streams.requeue_many(rt.redis, stream=stream, dlq_ids=dlq_ids)
-    done = {dlq_id: reply for dlq_id, reply in zip(dlq_ids, replies, strict=True) if reply}
-    rows = [
-        queries.EventRow(
-            EventKind.DEAD_LETTER_REQUEUED,
-            stream=stream,
-            entry_id=entry_id,
-            issue_id=issue_id,
-            detail=json.dumps({"dlqId": dlq_id, "by": caller.who}),
-        )
-        for dlq_id, (entry_id, issue_id) in done.items()
-    ]
-    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
+    done = await effects.requeue(rt.redis, stream=stream, dlq_ids=dlq_ids, by=caller.who)
     lines = [
         REQUEUED[console] % _who_first(console, caller.who, dlq_id, stream, entry_id)
         for dlq_id, (entry_id, _) in done.items()
@@ -202,6 +214,7 @@ async def _requeue(
 
 async def _delete(
     rt: Runtime,
+    effects: port.Effects,
     caller: roles.Caller,
     *,
     stream: StreamKey,
@@ -210,24 +223,7 @@ async def _delete(
 ) -> int:
     """One batch: the letters deleted (one round trip), their rows (one COPY) and audit lines
     (one record); how many there were to delete."""
-    with failures.named_by_request():
-        deleted = await redis_inspect.delete_dead_letters(
-            rt.redis, stream=stream, dlq_ids=[letter.dlq_id for letter in letters]
-        )
-    gone = [letter for letter, ok in zip(letters, deleted, strict=True) if ok]
-    rows = [
-        queries.EventRow(
-            EventKind.DEAD_LETTER_DELETED,
-            consumer=letter.consumer or None,
-            stream=stream,
-            group_name=letter.group or None,
-            entry_id=letter.original_id or None,
-            issue_id=letter.fields.get("issueId"),
-            detail=json.dumps({"dlqId": letter.dlq_id, "by": caller.who, "reason": letter.reason}),
-        )
-        for letter in gone
-    ]
-    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=rows)
+    gone = await effects.delete(rt.redis, stream=stream, letters=letters, by=caller.who)
     lines = [DELETED[console] % _who_first(console, caller.who, d.dlq_id, stream) for d in gone]
     _log(lines, caller, stream, [letter.dlq_id for letter in gone])
     return len(gone)

@@ -17,7 +17,7 @@ from typing import Any
 
 from rig_conductor.adapters.postgres import dispatches
 from rig_conductor.adapters.redis import client as redis_client
-from rig_conductor.adapters.redis import streams as redis_streams
+from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.domain import EntryId, EventKind, StreamKey
 from rig_conductor.runtime import Runtime
 
@@ -75,7 +75,7 @@ async def dispatch(rt: Runtime, issue: Assignment) -> Dispatched:
     if wanted:
         entry_id, appended, acked = await _append_replicated(rt, stream, key, fields, remember_s)
     else:
-        entry_id, appended = await redis_streams.append_once(
+        entry_id, appended = await redis_writes.append_once(
             rt.redis, stream=stream, key=key, fields=fields, remember_s=remember_s
         )
     await dispatches.record_dispatch(
@@ -112,7 +112,7 @@ async def _append_replicated(
     return await redis_client.on_owner(
         rt.servers(),
         stream,
-        lambda client: redis_streams.append_once_replicated(
+        lambda client: redis_writes.append_once_replicated(
             client,
             stream=stream,
             key=key,

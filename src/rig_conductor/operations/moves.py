@@ -8,8 +8,9 @@ entries the owner holds are judged as the reaper judges them, by an owner rule w
 RIG_MAX_DELIVERIES is dead-lettered exactly as in reaper step 7; the others move with their own
 guarded `XCLAIM ... JUSTID` whose min-idle is the idle time Redis reported just before (never a
 client's number), so an entry touched in between stays where it is. The reaper's applier
-(`effects.applier`) carries the plan out: a move reserves a new attempt for the target (the old
-owner's late reports are fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with
+(`effects.applier`), handed out by the request's write port (`effects.port`), carries the
+plan out: a move reserves a new attempt for the target (the old owner's late reports are
+fenced), logs the reaper's own `[StreamReclaim] Reclaimed` line with
 reason `manual`, writes a RECLAIMED event row naming who moved it, and records the move to the
 target (whose idle time it resets: no evidence of life, reaper rule 5, docs/rules.md).
 """
@@ -27,7 +28,7 @@ from rig_conductor.adapters.redis import holders as redis_holders
 from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import reading as redis_reading
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
-from rig_conductor.effects import applier as effects
+from rig_conductor.effects import port
 from rig_conductor.operations import evidence as built
 from rig_conductor.policy import reclaim
 from rig_conductor.policy.liveness import Fleet, TargetCandidate
@@ -69,8 +70,10 @@ async def move(
     owner: str,
     target: str,
     ids: Sequence[str],
+    effects: port.Effects | None = None,
 ) -> Moved:
-    """Move the entries `ids` of `owner` to `target`, as far as Redis says they may."""
+    """Move the entries `ids` of `owner` to `target`, as far as Redis says they may, through
+    `effects` (the request's write port; one of its own without)."""
     ids = list(dict.fromkeys(ids))
     if not ids:
         raise MoveRefused("no entries selected")
@@ -78,6 +81,9 @@ async def move(
         raise MoveRefused(f"at most {MAX_ENTRIES} entries per move")
     if target == owner:
         raise MoveRefused("the target is the owner itself")
+    effects = effects or port.choose(
+        False, engine=rt.engine, tenant=rt.settings.tenant, metrics=rt.metrics
+    )
     fleet, to = await _check_target(rt, stream=stream, group=group, target=target)
     with failures.named_by_request():
         held = await redis_inspect.held_by(
@@ -88,12 +94,7 @@ async def move(
             ids=ids,
         )
     plan = await _plan(rt, fleet, to, stream=stream, group=group, owner=owner, held=held)
-    applied = await effects.apply(
-        plan,
-        redis=rt.redis,  # type: ignore[arg-type]
-        journal=effects.Journal(rt.engine, rt.settings.tenant, by=caller.who),
-        metrics=rt.metrics,
-    )
+    applied = await effects.apply(plan, redis=rt.redis, by=caller.who)  # type: ignore[arg-type]
     result = Moved(
         len(ids),
         moved=[str(entry_id) for entry_id in applied.moved],
@@ -147,6 +148,7 @@ async def move_to(
         holders = await redis_holders.held_in_group_many(
             rt.redis, stream=stream, group=group, entry_ids=ids
         )
+    effects = port.choose(False, engine=rt.engine, tenant=rt.settings.tenant, metrics=rt.metrics)
     done = MovedMany()
     by_owner: dict[str, list[str]] = {}
     for entry_id in ids:
@@ -159,7 +161,14 @@ async def move_to(
             by_owner.setdefault(holder, []).append(entry_id)
     for owner, owned in by_owner.items():
         result = await move(
-            rt, caller, stream=stream, group=group, owner=owner, target=target, ids=owned
+            rt,
+            caller,
+            stream=stream,
+            group=group,
+            owner=owner,
+            target=target,
+            ids=owned,
+            effects=effects,
         )
         done.moved.extend(result.moved)
         why = dict.fromkeys(result.dead_lettered, "dead-lettered: RIG_MAX_DELIVERIES reached")

@@ -1,16 +1,14 @@
-"""A scan an operator ran from the console: its audit line and event-log row (the scan itself
-logs and records its moves as every scan does)."""
+"""A scan an operator ran from the console: its audit line and event-log row, written through
+the write port (the scan itself logs and records its moves as every scan does)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from rig_conductor import logs, roles
-from rig_conductor.adapters.postgres import queries
-from rig_conductor.domain import EventKind
+from rig_conductor.effects import port
 from rig_conductor.runtime import Runtime
 
 logger = logging.getLogger(logs.CONSOLE_LOGGER)
@@ -21,15 +19,8 @@ async def record_console_scan(rt: Runtime, caller: roles.Caller, report: Mapping
         key: report.get(key)
         for key in ("pending", "reclaimed", "deadLettered", "noTarget", "durationMs")
     }
-    await queries.append_events(
-        rt.engine,
-        tenant=rt.settings.tenant,
-        rows=[
-            queries.EventRow(
-                EventKind.SCAN_REQUESTED, detail=json.dumps({"by": caller.who, **summary})
-            )
-        ],
-    )
+    effects = port.choose(False, engine=rt.engine, tenant=rt.settings.tenant)
+    await effects.scan_requested(caller.who, summary)
     logger.info(
         "[Console] %s ran a scan: %d reclaimed, %d dead-lettered, %d without a target",
         caller.who,

@@ -13,6 +13,7 @@ import time
 
 from rig_conductor import logs, roles, throttle
 from rig_conductor.adapters.postgres import queries
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.domain import EventKind, StreamKey
 from rig_conductor.runtime import Runtime
@@ -52,7 +53,7 @@ async def sign_in_failed(rt: Runtime, *, client: str, failures: int) -> None:
     row = queries.EventRow(
         EventKind.SIGN_IN_FAILED, detail=json.dumps({"client": client, "failures": failures})
     )
-    await queries.append_events(rt.engine, tenant=rt.settings.tenant, rows=[row])
+    await pg_writes.append_events(rt.engine, tenant=rt.settings.tenant, rows=[row])
 
 
 # The sign-in throttle is the general one of failed credentials, one per process.

@@ -4,7 +4,9 @@ The decisions are `policy.reclaim`'s: which owners the scan acts on and why (dow
 stalled), their entry rules and the spread over the targets. This module moves data between the
 adapters and the policy and has `moves.sweep_group` plan where the pending lists live; the
 effects (the moves, the dead letters, the `[StreamReclaim]` lines, the event log, the counters)
-are the applier's (`effects.applier`), a `DryRun` one in a dry run.
+are the write port's (`effects.port`): the scan is handed one, `DryEffects` in a dry run, and
+hands every write to it, the applier of each group's plans (`effects.applier`) among them.
+Nothing here asks whether the scan is dry.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor import logs
-from rig_conductor.adapters.postgres import measurements, queries, work
+from rig_conductor.adapters.postgres import queries, work
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.adapters.redis import inspection as redis_inspect
 from rig_conductor.adapters.redis import reading
@@ -39,7 +41,7 @@ from rig_conductor.domain import (
     PodState,
     StreamKey,
 )
-from rig_conductor.effects import applier as effects
+from rig_conductor.effects.port import Effects
 from rig_conductor.operations import evidence as built
 from rig_conductor.policy import liveness, measure, reclaim, registry
 from rig_conductor.reaper import cleanup, moves, observe, redis_loss, redispatch
@@ -63,7 +65,7 @@ async def reap_once(
     redis: Redis | Topology,
     engine: AsyncEngine,
     settings: Settings,
-    dry_run: bool | None = None,
+    effects: Effects,
     pods: Pods | None = None,
     metrics: Metrics | None = None,
     detector: observe.Detector | None = None,
@@ -73,18 +75,20 @@ async def reap_once(
     """Scan every group of every configured stream once. Raises on Redis or Postgres failure
     (on a cluster, a failing node is left out and counted instead: `reading.read`).
 
-    `redis` is one server's client, or the `Topology` of a cluster (or of one server). With
-    `metrics`, counters and gauges are updated (not in a dry run: nothing moved); with
+    `redis` is one server's client, or the `Topology` of a cluster (or of one server). Every
+    write goes through `effects`, chosen where the scan was asked for (`effects.choose`). With
+    `metrics`, gauges are updated (the port counts what it did: nothing, in a dry run); with
     `detector`, new sightings of consumers without heartbeat are logged and recorded; with
     `probe`, consumers holding entries that `pods` says nothing about are looked up by name
     (with `pods` from a successful list, a pod they do not name is missing); with `hygiene`,
-    consumers whose pod is gone and that hold nothing are deleted.
+    consumers whose pod is gone and that hold nothing are deleted (the entry point asks for it
+    in real scans only: a dry scan has always left the consumers alone, and silently).
     """
     started = time.perf_counter()
-    report = ScanReport(dry_run=settings.dry_run if dry_run is None else dry_run)
+    report = ScanReport(dry_run=effects.dry)
     topology = redis if isinstance(redis, Topology) else Topology(redis)
     with report.timing("redispatch"):
-        await _redispatch(report, topology, engine=engine, settings=settings, metrics=metrics)
+        await _redispatch(report, topology, engine=engine, settings=settings, effects=effects)
     # Fetch.
     with report.timing("read"):
         read_at = await queries.clock(engine)
@@ -104,7 +108,9 @@ async def reap_once(
     with report.timing("evidence"):
         evidence = await built.load(engine, settings, pods=pods, consumers=holders, read_at=read_at)
         work_evidence = await _work_evidence(engine, settings, world.streams)
-    scan = _Scan(report, evidence, work_evidence, topology, engine, settings, metrics, holders)
+    scan = _Scan(
+        report, evidence, work_evidence, topology, engine, settings, metrics, holders, effects
+    )
     await scan.every_node(world)  # plan and apply
     await scan.after(world, detector=detector, hygiene=tidy)  # report
     report.duration_ms = round((time.perf_counter() - started) * 1000)
@@ -134,19 +140,24 @@ async def _redispatch(
     *,
     engine: AsyncEngine,
     settings: Settings,
-    metrics: Metrics | None,
+    effects: Effects,
 ) -> None:
     """Put back the dispatches Redis lost. A loss of all of its data first: that appends every
     unfinished dispatch, so the per-scan check of recent ones then finds nothing missing."""
     recovery = await redis_loss.recover(
-        topology, engine=engine, settings=settings, dry_run=report.dry_run, metrics=metrics
+        topology,
+        engine=engine,
+        tenant=settings.tenant,
+        dispatch_stream=settings.dispatch_stream,
+        window_s=settings.event_retention_days * 86_400,
+        effects=effects.recovering(),
     )
     report.redis_data_lost = recovery.lost
     report.redispatched = recovery.appended
-    if report.dry_run and recovery.lost:
+    if recovery.lost and not recovery.fixed:
         return  # the check of recent ones would count the same dispatches again
     report.redispatched += await redispatch.redispatch_lost(
-        topology, engine=engine, settings=settings, dry_run=report.dry_run, metrics=metrics
+        topology, engine=engine, tenant=settings.tenant, effects=effects
     )
 
 
@@ -168,6 +179,7 @@ class _Scan:
         settings: Settings,
         metrics: Metrics | None,
         loaded: Set[ConsumerName] | None,
+        effects: Effects,
     ) -> None:
         self.report = report
         self.evidence = evidence
@@ -180,6 +192,7 @@ class _Scan:
         self.metrics = metrics
         # The consumers whose own heartbeats the evidence holds (None: every consumer's).
         self.loaded = loaded
+        self.effects = effects
 
     async def every_node(self, world: reading.Reading) -> None:
         """Plan and apply on every node at once; a node that fails is left out on a cluster
@@ -213,14 +226,13 @@ class _Scan:
         heartbeats once: the moves, the dead letters and all of this work from that reading,
         the counts corrected by what the scan itself moved (none in a dry run).
         """
-        report, groups, settings = self.report, world.groups, self.settings
-        if not report.dry_run:
-            groups = _after_moves(groups, report.groups_detail)
-        if hygiene and not report.dry_run:
+        report, groups, settings, effects = self.report, world.groups, self.settings, self.effects
+        groups = _after_moves(groups, report.groups_detail)
+        if hygiene:
             with report.timing("cleanup"):
-                await _remove_consumers(world, groups, self.evidence, settings.limits)
+                await _remove_consumers(world, groups, self.evidence, settings.limits, effects)
         with report.timing("forget"):
-            await _forget(report, world, groups, self.fleet, engine=self.engine, settings=settings)
+            await _forget(world, groups, self.fleet, settings=settings, effects=effects)
         with report.timing("observe"):
             report.consumers_without_heartbeat = await observe.observe(
                 groups=groups,
@@ -229,9 +241,10 @@ class _Scan:
                 tenant=settings.tenant,
                 metrics=self.metrics,
                 watch=detector,
+                effects=effects,
             )
         with report.timing("measure"):
-            await _measure(world, groups, self.fleet, self.topology, self.engine, settings.tenant)
+            await _measure(world, groups, self.fleet, self.topology, effects)
 
     async def node(
         self, node_reading: reading.NodeReading, read: dict[ConsumerName, Heartbeat]
@@ -296,14 +309,7 @@ class _Scan:
         )
 
     async def _apply(self, assessment: reclaim.GroupAssessment, client: Redis) -> GroupOutcome:
-        applier = effects.for_group(
-            assessment,
-            redis=client,
-            journal=effects.Journal(self.engine, self.settings.tenant),
-            metrics=self.metrics,
-            dry_run=self.report.dry_run,
-            timing=self.report.timing,
-        )
+        applier = self.effects.reclaim(assessment, redis=client, timing=self.report.timing)
         try:
             await moves.sweep_group(
                 assessment,
@@ -316,7 +322,11 @@ class _Scan:
 
 
 async def _remove_consumers(
-    world: reading.Reading, groups: list[GroupInfo], evidence: Evidence, limits: Limits
+    world: reading.Reading,
+    groups: list[GroupInfo],
+    evidence: Evidence,
+    limits: Limits,
+    effects: Effects,
 ) -> None:
     """Consumer hygiene on each node that the scan read and acted on."""
     for node_reading in world.nodes:
@@ -328,6 +338,7 @@ async def _remove_consumers(
             groups=[g for g in groups if (g.stream, g.name) in mine],
             evidence=evidence,
             limits=limits,
+            effects=effects,
         )
 
 
@@ -370,37 +381,23 @@ def _unexplained(
 
 
 async def _forget(
-    report: ScanReport,
     world: reading.Reading,
     groups: list[GroupInfo],
     fleet: liveness.Fleet,
     *,
-    engine: AsyncEngine,
     settings: Settings,
+    effects: Effects,
 ) -> None:
     """Drop the heartbeat rows of agents and consumers silent past RIG_AGENT_FORGET_MS, but for
-    those `policy.registry` keeps. Their gauges go at the next refresh (`observe`). Not in a
-    dry run (it changes nothing), nor after a partial reading: the consumers of a node left
-    out would not be kept."""
-    if report.dry_run or world.failed:
+    those `policy.registry` keeps. Their gauges go at the next refresh (`observe`). Not after a
+    partial reading: the consumers of a node left out would not be kept (nor in a dry run:
+    its port forgets nothing)."""
+    if world.failed:
         return
     plan = registry.plan_forgetting(
         groups, fleet, forget_ms=settings.agent_forget_ms, configured=settings.known_agents
     )
-    agents, consumers = await queries.forget_silent(
-        engine,
-        tenant=settings.tenant,
-        before=plan.before,
-        keep_agents=plan.keep_agents,
-        keep_consumers=plan.keep_consumers,
-    )
-    if agents or consumers:
-        logger.info(
-            "Registry: forgot %d agents and %d consumers not heard from for %d ms",
-            agents,
-            consumers,
-            settings.agent_forget_ms,
-        )
+    await effects.forget(plan, forget_ms=settings.agent_forget_ms)
 
 
 async def _measure(
@@ -408,11 +405,11 @@ async def _measure(
     groups: list[GroupInfo],
     fleet: liveness.Fleet,
     topology: Topology,
-    engine: AsyncEngine,
-    tenant: str,
+    effects: Effects,
 ) -> None:
-    """Store what the views show (`policy.measure`), in a dry run too: it is what the scan saw,
-    not a change. A failure to store costs the views their freshness, not the scan."""
+    """Store what the views show (`policy.measure`), in a dry run too (the port records what
+    the scan saw in both): not a change. A failure to store costs the views their freshness,
+    not the scan."""
     letters: dict[StreamKey, int] = {}
     for node_reading in world.nodes:
         if node_reading.node.name in world.failed:
@@ -426,11 +423,9 @@ async def _measure(
         except RedisError as exc:
             logger.warning("Dead letters not counted: %s", describe_failure(exc))
     try:
-        await measurements.store(
-            engine,
-            tenant=tenant,
-            groups=measure.measure_groups(groups, fleet, letters),
-            fleet=measure.measure_fleet(fleet),
+        await effects.measured(
+            measure.measure_groups(groups, fleet, letters),
+            measure.measure_fleet(fleet),
             complete=not world.failed,
         )
     except SQLAlchemyError as exc:

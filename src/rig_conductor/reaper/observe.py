@@ -1,25 +1,23 @@
 """What a scan reports besides its moves: metrics gauges and the detector's sightings.
 
-Runs after the plan is applied, from the same facts the scan fetched.
+Runs after the plan is applied, from the same facts the scan fetched. The sightings' lines and
+rows are the write port's (`effects.observation`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import audits, queries
-from rig_conductor.domain import UNKNOWN_AGENT, EventKind, GroupInfo
+from rig_conductor.adapters.postgres import audits
+from rig_conductor.domain import UNKNOWN_AGENT, GroupInfo
+from rig_conductor.effects.port import Effects
 from rig_conductor.policy import detector
 from rig_conductor.policy.liveness import Fleet, age_ms
 
 if TYPE_CHECKING:
     from rig_conductor.metrics import Metrics
-
-logger = logging.getLogger(__name__)
 
 
 class Detector:
@@ -43,11 +41,13 @@ async def observe(
     tenant: str,
     metrics: Metrics | None,
     watch: Detector | None,
+    effects: Effects,
 ) -> int:
-    """Refresh the gauges and run the detector; returns how many consumers it flags."""
+    """Refresh the gauges and run the detector (its new sightings recorded through `effects`,
+    in a dry run too: they are what the scan saw); returns how many consumers it flags."""
     sightings = [s for group in groups for s in detector.without_heartbeat(group, fleet)]
     if watch is not None:
-        await _announce(watch.update(sightings), engine=engine, tenant=tenant)
+        await effects.sightings(watch.update(sightings))
     if metrics is not None:
         _refresh_gauges(groups, fleet, sightings, metrics=metrics)
         verdict = await audits.last_audit(engine, tenant=tenant)
@@ -56,38 +56,6 @@ async def observe(
             metrics.audit_duplicates.set(verdict.duplicates)
             metrics.audit_finished.set(verdict.finished_at.timestamp())
     return len(sightings)
-
-
-async def _announce(new: list[detector.Sighting], *, engine: AsyncEngine, tenant: str) -> None:
-    for s in new:
-        logger.warning(
-            "[StreamDetector] Consumer %s holds %d pending entries on %s/%s with no fresh "
-            "heartbeat (agent %s)",
-            s.consumer,
-            s.pending,
-            s.stream,
-            s.group,
-            s.agent or "unknown",
-            extra={
-                "stream": s.stream,
-                "group": s.group,
-                "consumer": s.consumer,
-                "agent": s.agent,
-                "pending": s.pending,
-            },
-        )
-    rows = [
-        queries.EventRow(
-            EventKind.CONSUMER_WITHOUT_HEARTBEAT,
-            agent_id=s.agent,
-            consumer=s.consumer,
-            stream=s.stream,
-            group_name=s.group,
-            detail=json.dumps({"pending": s.pending}),
-        )
-        for s in new
-    ]
-    await queries.append_events(engine, tenant=tenant, rows=rows)
 
 
 def _refresh_gauges(

@@ -9,44 +9,30 @@ conductors, or a client retrying at the same moment, still make one entry. A dis
 had already started is not appended again here (it could run twice); `RIG_REDIS_WAIT_REPLICAS`
 is what keeps those from being lost. When Redis lost all of its data (restarted empty),
 `redis_loss` appends every unfinished dispatch again, started or not, and fences the lost
-entries off.
+entries off. The appends, their records and lines are the write port's (`effects.redispatch`).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING
-
-from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import dispatches, recovery
+from rig_conductor.adapters.postgres import dispatches
 from rig_conductor.adapters.redis import streams as redis_streams
-from rig_conductor.adapters.redis.client import AnyRedis, Topology, node_for
-from rig_conductor.domain import EntryId, StreamKey
-from rig_conductor.settings import Settings
-
-if TYPE_CHECKING:
-    from rig_conductor.metrics import Metrics
-
-logger = logging.getLogger(__name__)
+from rig_conductor.adapters.redis.client import Topology, node_for
+from rig_conductor.domain import StreamKey
+from rig_conductor.effects.port import Effects
 
 WINDOW_S = 600.0
 LIMIT = 50_000
-REASON = "lost"
 
 
 async def redispatch_lost(
-    topology: Topology,
-    *,
-    engine: AsyncEngine,
-    settings: Settings,
-    dry_run: bool,
-    metrics: Metrics | None = None,
+    topology: Topology, *, engine: AsyncEngine, tenant: str, effects: Effects
 ) -> int:
-    """Append again the recent dispatches Redis no longer knows; how many (would be) appended."""
+    """Append again the recent dispatches Redis no longer knows (through `effects`: in a dry
+    run, logged only); how many (would be) appended."""
     recent = await dispatches.recent_unstarted(
-        engine, tenant=settings.tenant, window_s=WINDOW_S, limit=LIMIT
+        engine, tenant=tenant, window_s=WINDOW_S, limit=LIMIT
     )
     if not recent:
         return 0
@@ -61,59 +47,6 @@ async def redispatch_lost(
             node.client, items=[(StreamKey(d.stream), d.key) for d in items]
         )
         for item, known in zip(items, present, strict=True):
-            if known is not None:
-                continue
-            if dry_run:
-                logger.warning(
-                    "DRY RUN: would append dispatch %s again: %s is missing from %s",
-                    item.issue_id,
-                    item.entry_id,
-                    item.stream,
-                )
-                count += 1
-            elif await _append_again(node.client, item, engine, settings, metrics):
+            if known is None and await effects.append_lost(node.client, item):
                 count += 1
     return count
-
-
-async def _append_again(
-    redis: Redis,
-    item: dispatches.RecentDispatch,
-    engine: AsyncEngine,
-    settings: Settings,
-    metrics: Metrics | None,
-) -> bool:
-    """Append a lost dispatch once more (once per key, whoever else tries) and record where it
-    lives now; False when another conductor appended it first."""
-    entry_id, appended = await append_dispatch(redis, item, settings=settings)
-    if not appended:
-        return False
-    async with engine.begin() as conn:
-        await recovery.reappended(conn, tenant=settings.tenant, dispatch=item, entry_id=entry_id)
-    if metrics is not None:
-        metrics.redispatched.labels(item.stream, REASON).inc()
-    logger.warning(
-        "Dispatch %s was missing from %s (entry %s, lost with a failover or a restart "
-        "of Redis); appended again as %s",
-        item.issue_id,
-        item.stream,
-        item.entry_id,
-        entry_id,
-        extra={"issueId": item.issue_id, "stream": item.stream, "entryId": entry_id},
-    )
-    return True
-
-
-async def append_dispatch(
-    redis: AnyRedis, dispatch: dispatches.RecentDispatch, *, settings: Settings
-) -> tuple[EntryId, bool]:
-    """Append `dispatch` to its stream again, at most once per idempotency key whoever else
-    tries (the key is remembered as long as the event log keeps events); its entry id, and
-    whether this call appended it."""
-    return await redis_streams.append_once(
-        redis,
-        stream=StreamKey(dispatch.stream),
-        key=dispatch.key,
-        fields=dispatch.fields,
-        remember_s=settings.event_retention_days * 86_400,
-    )

@@ -35,6 +35,7 @@ from rig_conductor.adapters.postgres import history, listening, move_targets, qu
 from rig_conductor.adapters.postgres import pods as pods_seen
 from rig_conductor.adapters.redis.client import Topology
 from rig_conductor.domain import NotLeading, PodName, Pods
+from rig_conductor.effects import port
 from rig_conductor.metrics import Metrics
 from rig_conductor.reaper import coalesce, cycle, leader, observe
 from rig_conductor.reaper.pods import PodEvidence
@@ -163,6 +164,15 @@ class ReaperService:
         remember: bool,
     ) -> cycle.ScanReport:
         started = time.perf_counter()
+        # Where a scan starts, whether it is dry is decided, once: it is handed its write port.
+        dry = self._settings.dry_run if dry_run is None else dry_run
+        effects = port.choose(
+            dry,
+            engine=self._engine,
+            tenant=self._settings.tenant,
+            metrics=self._metrics,
+            remember_s=self._settings.event_retention_days * 86_400,
+        )
         try:
             if pods is None and self._pods is not None:
                 pods = await self._pods.listing()
@@ -170,10 +180,11 @@ class ReaperService:
                 redis=self._redis,
                 engine=self._engine,
                 settings=self._settings,
-                dry_run=dry_run,
+                effects=effects,
                 pods=pods,
                 probe=self._pods.probe if self._pods is not None else None,
-                hygiene=self._pods is not None,
+                # Consumer hygiene in real scans only: a dry scan leaves the consumers alone.
+                hygiene=self._pods is not None and not dry,
                 metrics=self._metrics,
                 detector=self._detector,
             )
@@ -184,18 +195,15 @@ class ReaperService:
         if self._metrics is not None:
             self._metrics.blind_window.set(report.blind_ms / 1000)
         if remember:
-            await self._remember(report)
+            await self._remember(report, effects)
         self.last_report = report
         return report
 
-    async def _remember(self, report: cycle.ScanReport) -> None:
-        """Keep the report for the console's last scans and plots; a failure costs only that."""
+    async def _remember(self, report: cycle.ScanReport, effects: port.Effects) -> None:
+        """Keep the report for the console's last scans and plots (through the scan's port, a
+        dry one too: it is what the scan saw); a failure costs only that."""
         try:
-            await history.record_scan(
-                self._engine,
-                tenant=self._settings.tenant,
-                report=report.model_dump(mode="json", by_alias=True),
-            )
+            await effects.reported(report.model_dump(mode="json", by_alias=True))
         except Exception as exc:
             logger.warning("Scan report not stored: %s", cycle.describe_failure(exc))
 

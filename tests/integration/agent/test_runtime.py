@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import work as work_store
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.agent import Entry, staging
 from rig_conductor.agent.conductor import ConductorClient
 from rig_conductor.agent.lease import lease_key
@@ -225,7 +225,7 @@ async def test_a_fenced_completion_neither_renames_nor_acks(
         await asyncio.wait_for(inside.wait(), 10)
         # Meanwhile the entry is reclaimed to another consumer, which starts a newer attempt.
         await redis.xclaim(S, G, "qa-e-0", 0, [entry_id], justid=True)
-        await work_store.reclaimed(
+        await pg_writes.reclaimed(
             engine, tenant="default", stream=S, group=G, consumer="qa-e-0", entry_ids=[entry_id]
         )
         newer = await post(

@@ -14,7 +14,7 @@ import httpx
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import work
+from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.agent import Degraded, Entry, Fenced
 from rig_conductor.agent.settings import AgentSettings
 
@@ -162,7 +162,7 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
     async with running(handler, settings()):
         await wait_for(lambda: _state(engine, entry_id, "running"), within=60)
         # The reaper moved it elsewhere: a new attempt is reserved for the target.
-        await work.reclaimed(
+        await pg_writes.reclaimed(
             engine,
             tenant="default",
             stream=S,

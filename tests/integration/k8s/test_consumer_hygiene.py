@@ -13,8 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from rig_conductor.adapters.postgres import intake, queries
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.domain import AgentId, ConsumerName, GroupName, Pods, StreamKey
+from rig_conductor.effects import port
+from rig_conductor.effects.hygiene import delete_consumers
 from rig_conductor.policy.hygiene import ConsumerRemoval
-from rig_conductor.reaper.cleanup import delete_consumers, remove_consumers
+from rig_conductor.reaper.cleanup import remove_consumers
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
@@ -57,7 +59,11 @@ async def sweep(
         engine, tenant="default", configured_agents=settings.agent_ids, down_ms=60_000, pods=pods
     )
     return await remove_consumers(
-        redis=redis, groups=groups, evidence=evidence, limits=settings.limits, dry_run=dry_run
+        redis=redis,
+        groups=groups,
+        evidence=evidence,
+        limits=settings.limits,
+        effects=port.choose(dry_run, engine=engine, tenant="default"),
     )
 
 

@@ -23,7 +23,7 @@ from rig_conductor.reaper import cycle, observe
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
-from ..helpers import fill, owners, read, register
+from ..helpers import fill, owners, port, read, register
 from .standin import Fault, KubeStandIn
 
 S, G = "rig:dispatch", "workers"
@@ -75,7 +75,12 @@ async def scan(
     redis: Redis, engine: AsyncEngine, settings: Settings, pods: PodLiveness
 ) -> cycle.ScanReport:
     return await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, pods=await pods.scan(), probe=pods.probe
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        pods=await pods.scan(),
+        probe=pods.probe,
+        effects=port(engine, settings),
     )
 
 
@@ -188,6 +193,7 @@ async def test_a_scan_with_kubernetes_reads_the_world_once(
         hygiene=True,
         metrics=Metrics(),
         detector=observe.Detector(),
+        effects=port(engine, settings, metrics=Metrics()),
     )
     assert report.reclaimed == 4
     stats = await redis.info("commandstats")

@@ -19,7 +19,7 @@ from rig_conductor.reaper import cycle
 from rig_conductor.reaper.podwatch import PodLiveness
 from rig_conductor.settings import Settings
 
-from ..helpers import fill, owners, read, register
+from ..helpers import fill, owners, port, read, register
 from .standin import Fault, KubeStandIn
 
 S, G = "rig:dispatch", "workers"
@@ -82,13 +82,21 @@ async def test_a_gone_pod_frees_its_entries_at_once(
     pods = pod_liveness(api, settings)
     ids = await scene(redis, engine, kube, pods)
     live = await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, pods=Pods(pods.tracker.states())
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        pods=Pods(pods.tracker.states()),
+        effects=port(engine, settings),
     )
     assert live.reclaimed == 0
 
     kube.delete(OWNER, namespace="agents")
     report = await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, pods=await pods.scan()
+        redis=redis,
+        engine=engine,
+        settings=settings,
+        pods=await pods.scan(),
+        effects=port(engine, settings),
     )
 
     assert report.reclaimed == 3
@@ -121,7 +129,9 @@ async def test_a_failed_pod_list_reclaims_nothing(
     kube.inject(fault)
 
     evidence = await pods.scan()
-    report = await cycle.reap_once(redis=redis, engine=engine, settings=settings, pods=evidence)
+    report = await cycle.reap_once(
+        redis=redis, engine=engine, settings=settings, pods=evidence, effects=port(engine, settings)
+    )
 
     assert evidence == Pods()
     assert (report.reclaimed, report.consumers_down, report.no_target) == (0, 0, 0)

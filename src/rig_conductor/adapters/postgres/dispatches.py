@@ -125,14 +125,3 @@ async def remembered_epochs(engine: AsyncEngine, *, tenant: str) -> dict[str, st
             )
         )
         return {stream: epoch for stream, epoch in rows}
-
-
-async def remember_epoch(engine: AsyncEngine, *, tenant: str, stream: str, epoch: str) -> None:
-    statement = insert(redis_epochs).values(tenant=tenant, stream=stream, epoch=epoch)
-    async with engine.begin() as conn:
-        await conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["tenant", "stream"],
-                set_={"epoch": epoch, "recorded_at": statement.excluded.recorded_at},
-            )
-        )

@@ -53,20 +53,6 @@ class ReclaimFilter:
     before_id: int | None = None  # rows older than this one (the previous page's last `id`)
 
 
-async def record_scan(engine: AsyncEngine, *, tenant: str, report: Mapping[str, Any]) -> None:
-    async with engine.begin() as conn:
-        await conn.execute(
-            scan_reports.insert().values(
-                tenant=tenant,
-                dry_run=bool(report.get("dryRun")),
-                pending=int(report.get("pending", 0)),
-                reclaimed=int(report.get("reclaimed", 0)),
-                dead_lettered=int(report.get("deadLettered", 0)),
-                report=dict(report),
-            )
-        )
-
-
 async def recent_scans(engine: AsyncEngine, *, tenant: str, limit: int) -> list[ScanRow]:
     """The tenant's last `limit` scans, newest first."""
     query = (

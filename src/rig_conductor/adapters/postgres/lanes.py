@@ -159,7 +159,7 @@ _CLAIMED = text(
 
 
 # A row of this group in the other lane with nobody in the first: an entry appended again after
-# Redis lost its data, carrying this group's done state over (`dispatches.reappended`).
+# Redis lost its data, carrying this group's done state over (`recovery_writes.reappended`).
 _OTHER_ROW = text(
     """
     SELECT 1 FROM group_assignments

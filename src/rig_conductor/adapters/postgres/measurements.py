@@ -4,8 +4,6 @@ groups needing attention first, or sums."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -31,29 +29,6 @@ class Totals:
     oldest_measured_at: datetime | None  # the age of the stalest figure summed here
 
 
-# One statement for the whole scan: the groups as a JSON document (encoded in C), upserted.
-_STORE_GROUPS = text("""
-INSERT INTO group_measurements AS m (tenant, stream, group_name, pending, consumers,
-                                     consumers_down, held_by_down, oldest_idle_ms,
-                                     dead_letters, top, measured_at)
-SELECT :tenant, g.stream, g.grp, g.pending, g.consumers, g.down, g.held, g.oldest, g.letters,
-       g.top, now()
-  FROM jsonb_to_recordset(CAST(:groups AS jsonb)) AS g(stream text, grp text, pending bigint,
-       consumers bigint, down bigint, held bigint, oldest bigint, letters bigint, top jsonb)
-ON CONFLICT (tenant, stream, group_name) DO UPDATE
-   SET pending = EXCLUDED.pending, consumers = EXCLUDED.consumers,
-       consumers_down = EXCLUDED.consumers_down, held_by_down = EXCLUDED.held_by_down,
-       oldest_idle_ms = EXCLUDED.oldest_idle_ms, dead_letters = EXCLUDED.dead_letters,
-       top = EXCLUDED.top,
-       measured_at = EXCLUDED.measured_at
-""")
-_STORE_FLEET = text("""
-INSERT INTO fleet_measurements (tenant, agents_up, agents_down, agents_degraded, measured_at)
-VALUES (:tenant, :up, :down, :degraded, now())
-ON CONFLICT (tenant) DO UPDATE
-   SET agents_up = EXCLUDED.agents_up, agents_down = EXCLUDED.agents_down,
-       agents_degraded = EXCLUDED.agents_degraded, measured_at = EXCLUDED.measured_at
-""")
 # The streams of a page: `limit` of them after `after`, by name.
 _PAGE = """WITH page AS (
     SELECT DISTINCT stream FROM group_measurements
@@ -64,32 +39,6 @@ _COLUMNS = (
     "stream, group_name, pending, consumers, consumers_down, held_by_down, oldest_idle_ms, "
     "dead_letters, top, measured_at"
 )
-
-
-async def store(
-    engine: AsyncEngine,
-    *,
-    tenant: str,
-    groups: Sequence[GroupMeasure],
-    fleet: FleetMeasure,
-    complete: bool,
-) -> None:
-    """The scan's measurements, in one transaction. `complete`: the scan read every node, so a
-    group it did not see is gone and its row goes too (after a partial reading, the rows of
-    the nodes left out stay, with their older time)."""
-    document = json.dumps([_encode(group) for group in groups])
-    async with engine.begin() as conn:
-        if groups:
-            await conn.execute(_STORE_GROUPS, {"tenant": tenant, "groups": document})
-        if complete:
-            await conn.execute(
-                text(
-                    "DELETE FROM group_measurements WHERE tenant = :tenant AND measured_at < now()"
-                ),
-                {"tenant": tenant},
-            )
-        values = {"tenant": tenant, "up": fleet.up, "down": fleet.down}
-        await conn.execute(_STORE_FLEET, {**values, "degraded": fleet.degraded})
 
 
 async def streams_page(
@@ -190,23 +139,6 @@ async def latest(engine: AsyncEngine, *, tenant: str) -> tuple[datetime, datetim
     async with engine.connect() as conn:
         row = (await conn.execute(query, {"tenant": tenant})).one()
     return row[0], row[1]
-
-
-def _encode(group: GroupMeasure) -> dict[str, Any]:
-    return {
-        "stream": group.stream,
-        "grp": group.group,
-        "pending": group.pending,
-        "consumers": group.consumers,
-        "down": group.consumers_down,
-        "held": group.held_by_down,
-        "oldest": group.oldest_idle_ms,
-        "letters": group.dead_letters,
-        "top": [
-            {"name": c.name, "pending": c.pending, "idleMs": c.idle_ms, "agentId": c.agent_id}
-            for c in group.top
-        ],
-    }
 
 
 def _decode(row: Any) -> Measured:

@@ -1,38 +1,20 @@
 """The conductor's latest move to each consumer of a group (evidence for rule 5, docs/rules.md).
 
 An XCLAIM resets its target's idle time in the group. Reaper rule 5 must not take that idle time
-as a sign that the target is alive, so every move is recorded here, after its XCLAIM: a target
-whose idle time is not shorter than the time since the record has not touched the group since.
+as a sign that the target is alive, so every move is recorded, after its XCLAIM, by the write
+port (`writes.record_move_targets`): a target whose idle time is not shorter than the time
+since the record has not touched the group since. Here: the records read, and the old dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from datetime import datetime
 
-from sqlalchemy import func, select, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres.tables import move_targets
 from rig_conductor.domain import ConsumerName, GroupName, MoveKey, StreamKey
-
-
-async def record(engine: AsyncEngine, *, tenant: str, targets: Iterable[MoveKey]) -> None:
-    """Stamp now() on each (stream, group, consumer) that just received entries."""
-    rows = [
-        {"tenant": tenant, "stream": s, "group_name": g, "consumer": c}
-        for s, g, c in sorted(set(targets))
-    ]
-    if not rows:
-        return
-    statement = insert(move_targets).values(rows)
-    statement = statement.on_conflict_do_update(
-        index_elements=["tenant", "stream", "group_name", "consumer"],
-        set_={"moved_at": func.now()},
-    )
-    async with engine.begin() as conn:
-        await conn.execute(statement)
 
 
 async def since(conn: AsyncConnection, *, tenant: str, after: datetime) -> dict[MoveKey, datetime]:

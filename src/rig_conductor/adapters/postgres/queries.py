@@ -199,26 +199,6 @@ async def list_agents(engine: AsyncEngine, *, tenant: str) -> tuple[datetime, li
     ]
 
 
-# COPY column order: the tenant, then EventRow's fields in their declared order.
-_EVENT_COLUMNS = ("tenant", *EventRow._fields)
-
-
-async def append_events(engine: AsyncEngine, *, tenant: str, rows: Sequence[EventRow]) -> None:
-    """Append rows to the event log with COPY: a scan can record a million reclaims."""
-    if not rows:
-        return
-    # begin() commits the DBAPI connection on exit, which the raw COPY below writes through.
-    async with engine.begin() as conn:
-        raw = await conn.get_raw_connection()
-        pg = raw.driver_connection
-        assert pg is not None
-        async with pg.cursor() as cursor:
-            statement = f"COPY events ({', '.join(_EVENT_COLUMNS)}) FROM STDIN"
-            async with cursor.copy(statement) as copy:
-                for row in rows:
-                    await copy.write_row((tenant, *row))
-
-
 async def count_events(engine: AsyncEngine, *, tenant: str, kind: EventKind) -> int:
     async with engine.connect() as conn:
         query = select(func.count()).where(events.c.tenant == tenant, events.c.kind == kind)
@@ -253,58 +233,6 @@ async def delete_old_intervals(engine: AsyncEngine, *, older_than_days: int) -> 
     statement = text("DELETE FROM liveness WHERE heard_to < now() - make_interval(days => :days)")
     async with engine.begin() as conn:
         return (await conn.execute(statement, {"days": older_than_days})).rowcount
-
-
-FORGET_BATCH = 10_000
-
-# One bounded DELETE per table: the oldest rows first through the index on
-# (tenant, last_heartbeat_at); the cutoff repeated outside the sub-select so that a row a
-# heartbeat refreshed meanwhile is re-checked under its lock and stays (a row deleted first is
-# simply inserted again by that heartbeat). What is left over goes in the next scan.
-_FORGET_SQL = """
-WITH gone AS (
-    DELETE FROM {table} WHERE tenant = :tenant AND last_heartbeat_at < :before
-       AND {key} <> ALL(CAST(:keep AS text[]))
-       AND ctid = ANY(ARRAY(
-           SELECT ctid FROM {table}
-            WHERE tenant = :tenant AND last_heartbeat_at < :before
-              AND {key} <> ALL(CAST(:keep AS text[]))
-            ORDER BY last_heartbeat_at LIMIT :batch))
-    RETURNING tenant, agent_id, {consumer} AS consumer, heard_since, last_heartbeat_at,
-              degraded, beats
-), ended AS (
-    INSERT INTO liveness (tenant, agent_id, consumer, heard_from, heard_to, degraded, beats)
-    SELECT tenant, agent_id, consumer, COALESCE(heard_since, last_heartbeat_at),
-           last_heartbeat_at, degraded, beats
-      FROM gone WHERE beats > 0
-)
-SELECT count(*) FROM gone
-"""
-
-
-async def forget_silent(
-    engine: AsyncEngine,
-    *,
-    tenant: str,
-    before: datetime,
-    keep_agents: Iterable[str],
-    keep_consumers: Iterable[str],
-    batch: int = FORGET_BATCH,
-) -> tuple[int, int]:
-    """Delete the agent and consumer heartbeat rows last heard from before `before`, except
-    those named to keep, at most `batch` of each; returns how many of each went. Their open
-    liveness intervals go to `liveness`, which keeps what they were heard (the audit reads
-    it)."""
-    counts: list[int] = []
-    async with engine.begin() as conn:
-        for table, key, consumer, keep in (
-            ("agent_heartbeats", "agent_id", "CAST(NULL AS text)", keep_agents),
-            ("consumer_heartbeats", "consumer", "consumer", keep_consumers),
-        ):
-            params = {"tenant": tenant, "before": before, "keep": sorted(keep), "batch": batch}
-            statement = text(_FORGET_SQL.format(table=table, key=key, consumer=consumer))
-            counts.append(int((await conn.execute(statement, params)).scalar_one()))
-    return counts[0], counts[1]
 
 
 @dataclass(frozen=True, slots=True)

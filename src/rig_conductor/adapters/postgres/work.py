@@ -8,12 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sqlalchemy import func, or_, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from rig_conductor.adapters.postgres import lanes, recovery
-from rig_conductor.adapters.postgres.tables import assignments, events, group_assignments
+from rig_conductor.adapters.postgres.tables import events
 from rig_conductor.domain import (
     AssignmentState,
     EntryId,
@@ -365,109 +364,3 @@ async def load_work_evidence(
         for key in fresh.keys() | stale.keys()
     }
     return WorkEvidence(worn, progress, {k: frozenset(v) for k, v in finished.items()})
-
-
-# A reclaim opens a new attempt reserved for the target, in the group's lane. A target that
-# started the entry between the XCLAIM and this record already holds a newer attempt (its start
-# fenced the old owner): the reservation leaves it, so the move never fences its own target.
-_RECLAIMED = (
-    text(
-        """
-        UPDATE assignments SET attempt = attempt + 1, state = 'pending', consumer = :consumer,
-               updated_at = now(), progress_at = now(), group_name = COALESCE(group_name, :group)
-         WHERE tenant = :tenant AND stream = :stream
-           AND entry_id = ANY(string_to_array(:ids, ','))
-           AND (group_name IS NULL OR group_name = :group)
-           AND state NOT IN ('done', 'dead', 'superseded')
-           AND NOT (state = 'running' AND consumer = :consumer)
-        """
-    ),
-    text(
-        """
-        UPDATE group_assignments SET attempt = attempt + 1, state = 'pending',
-               consumer = :consumer, updated_at = now(), progress_at = now()
-         WHERE tenant = :tenant AND stream = :stream AND group_name = :group
-           AND entry_id = ANY(string_to_array(:ids, ','))
-           AND state NOT IN ('done', 'dead', 'superseded')
-           AND NOT (state = 'running' AND consumer = :consumer)
-        """
-    ),
-)
-
-
-async def reclaimed(
-    engine: AsyncEngine,
-    *,
-    tenant: str,
-    stream: str,
-    group: str,
-    consumer: str,
-    entry_ids: Sequence[str],
-) -> None:
-    """A reclaim opens a new attempt reserved for the target: the old owner is fenced off now,
-    before the target even starts. Entries nobody reported on have no row and need none."""
-    if not entry_ids:
-        return
-    # Stream ids hold no commas: one joined string is far cheaper to send than a large array.
-    # Measured (2026-11-27, 20,000 ids): 0.6-1.2 ms joined and split by string_to_array, 2.7-4.5
-    # ms as a text[] parameter that psycopg adapts.
-    params = {
-        "tenant": tenant,
-        "stream": stream,
-        "group": group,
-        "consumer": consumer,
-        "ids": ",".join(entry_ids),
-    }
-    async with engine.begin() as conn:
-        for statement in _RECLAIMED:
-            await conn.execute(statement, params)
-
-
-async def dead_lettered(
-    engine: AsyncEngine,
-    *,
-    tenant: str,
-    stream: str,
-    group: str,
-    entries: Sequence[tuple[str, str | None, int]],
-) -> None:
-    """Mark (entry id, issue id, deliveries) dead in `group`: no later report revives them.
-    The first lane takes the entries nobody (or this group) claimed; the rest are the group's
-    own in `group_assignments`."""
-    if not entries:
-        return
-    rows = [
-        {
-            "tenant": tenant,
-            "stream": stream,
-            "group_name": group,
-            "entry_id": entry_id,
-            "issue_id": issue_id,
-            "state": AssignmentState.DEAD,
-            "attempt": max(deliveries, 1),
-        }
-        for entry_id, issue_id, deliveries in entries
-    ]
-    async with engine.begin() as conn:
-        first = insert(assignments).values(rows)
-        claimed = await conn.execute(
-            first.on_conflict_do_update(
-                index_elements=["tenant", "stream", "entry_id"],
-                set_={
-                    "state": AssignmentState.DEAD,
-                    "updated_at": func.now(),
-                    "group_name": func.coalesce(assignments.c.group_name, group),
-                },
-                where=or_(assignments.c.group_name.is_(None), assignments.c.group_name == group),
-            ).returning(assignments.c.entry_id)
-        )
-        done = {entry_id for (entry_id,) in claimed}
-        others = [row for row in rows if row["entry_id"] not in done]
-        if others:
-            other = insert(group_assignments).values(others)
-            await conn.execute(
-                other.on_conflict_do_update(
-                    index_elements=["tenant", "stream", "group_name", "entry_id"],
-                    set_={"state": AssignmentState.DEAD, "updated_at": func.now()},
-                )
-            )

@@ -1,5 +1,5 @@
 """Reads and small changes for the operator console: one consumer's pending entries a page at a
-time, the fields of entries, dead-letter counts and pages, deleting a dead letter, and the
+time, the fields of entries, dead-letter counts and pages (deleting one is `writes`'), and the
 markers of signed-out sessions.
 
 Every read is bounded: a page of a consumer's pending list is one `XPENDING ... <count>
@@ -165,20 +165,6 @@ async def dead_letters_by_id(
         replies = await pipe.execute()
     letters = (dead_letter_of(reply[0][0], reply[0][1]) for reply in replies if reply)
     return {letter.dlq_id: letter for letter in letters}
-
-
-async def delete_dead_letters(
-    client: AnyRedis, *, stream: StreamKey, dlq_ids: Sequence[str]
-) -> list[bool]:
-    """Delete each dead letter, in one round trip; per id, whether there was one to delete."""
-    if not dlq_ids:
-        return []
-    key = dlq_key(stream, client)
-    async with client.pipeline(transaction=False) as pipe:
-        for dlq_id in dlq_ids:
-            pipe.xdel(key, dlq_id)
-        replies = await pipe.execute()
-    return [bool(reply) for reply in replies]
 
 
 async def revoke_session(client: AnyRedis, *, stream: StreamKey, nonce: str, ttl_ms: int) -> None:

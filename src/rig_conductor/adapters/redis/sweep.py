@@ -1,5 +1,5 @@
-"""The reaper's moves in Redis: read pages of owners' pending lists, claim stretches of them
-for targets with guarded XCLAIMs.
+"""The reaper's reads for its moves in Redis: pages of owners' pending lists (the guarded
+XCLAIMs that move stretches of them are `writes.claim`'s).
 
 Thin: parameters in, domain objects out. Which entries qualify and where they go are
 `policy.reclaim`'s decisions; the only filter applied here is the idle time a page is read
@@ -9,7 +9,7 @@ with (XPENDING IDLE), below which no entry of that owner can qualify.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from redis.asyncio import Redis
@@ -17,7 +17,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from rig_conductor.adapters.redis import client as redis_client
-from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
+from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 
 logger = logging.getLogger(__name__)
 
@@ -74,41 +74,3 @@ def _raw_pipeline(client: Redis) -> Pipeline:
     """A pipeline on `client`'s connections whose replies are left as Redis sends them (no
     response callbacks): a page is read without building a dict per entry."""
     return Pipeline(client.connection_pool, {}, transaction=False, shard_hint=None)
-
-
-class ClaimBatch(NamedTuple):
-    """Entries to move to `target` with one XCLAIM, guarded by `min_idle_ms`."""
-
-    target: ConsumerName
-    min_idle_ms: int
-    ids: Sequence[EntryId]
-
-
-async def claim(
-    client: Redis, *, stream: StreamKey, group: GroupName, batches: Sequence[ClaimBatch]
-) -> list[list[EntryId]]:
-    """XCLAIM ... JUSTID each batch, all in one round trip; per batch, the ids really moved.
-
-    The min-idle guard makes each move atomic: an entry acked, re-read or claimed by someone
-    else since it was seen is not idle enough and stays. XCLAIM JUSTID does not raise the
-    delivery count. On Redis 7 an entry trimmed from the stream is dropped, not moved. A slot
-    that moved is raised (`redis_client.raise_moved`): nothing moved, and the caller's retry
-    claims where the stream lives now.
-    """
-    if not batches:
-        return []
-    async with client.pipeline(transaction=False) as pipe:
-        for batch in batches:
-            pipe.xclaim(
-                stream, group, batch.target, batch.min_idle_ms, list(batch.ids), justid=True
-            )
-        replies = await pipe.execute(raise_on_error=False)
-    redis_client.raise_moved(replies)
-    moved: list[list[EntryId]] = []
-    for batch, reply in zip(batches, replies, strict=True):
-        if isinstance(reply, ResponseError):
-            logger.info("Claim to %s in %s/%s failed: %s", batch.target, stream, group, reply)
-            moved.append([])
-        else:
-            moved.append(reply)
-    return moved
