@@ -67,6 +67,12 @@ RECLAIMED = "[StreamReclaim] Reclaimed {entryId} on {stream}: {fromConsumer} -> 
 RECLAIM_LOGGER = "rig_conductor.reaper.cycle"  # [StreamReclaim] and the dead letters
 LEADER_LOGGER = "rig_conductor.reaper.leader"  # the leader election and its leases
 CONSOLE_LOGGER = "rig_conductor.console"  # what operators did and saw, by console or API
+# The names the scan's other lines have always had, now that the write port writes them.
+REDISPATCH_LOGGER = "rig_conductor.reaper.redispatch"  # dispatches Redis lost, appended again
+HYGIENE_LOGGER = "rig_conductor.reaper.cleanup"  # [ConsumerHygiene]
+REDIS_LOSS_LOGGER = "rig_conductor.reaper.redis_loss"  # Redis lost its data: the recovery
+OBSERVE_LOGGER = "rig_conductor.reaper.observe"  # consumers without heartbeat, first seen
+SWEEP_LOGGER = "rig_conductor.adapters.redis.sweep"  # a pending list or claim Redis refused
 # How the text log writes each control character: short escapes where Python has them.
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))

@@ -10,11 +10,12 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from rig_conductor import logs
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.policy import hygiene
 
 # The lines keep the logger they had when the reaper wrote them itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.cleanup")
+logger = logging.getLogger(logs.HYGIENE_LOGGER)
 
 
 async def remove(

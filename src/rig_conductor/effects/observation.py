@@ -13,13 +13,14 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import queries
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.domain import EventKind, FleetMeasure, GroupMeasure
 from rig_conductor.policy import detector
 
 # The lines keep the logger they had when the reaper wrote them itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.observe")
+logger = logging.getLogger(logs.OBSERVE_LOGGER)
 
 
 async def sightings(new: Sequence[detector.Sighting], *, engine: AsyncEngine, tenant: str) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import dispatches, recovery_writes
 from rig_conductor.adapters.postgres import writes as pg_writes
 from rig_conductor.adapters.redis import writes as redis_writes
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from rig_conductor.policy import redis_loss as policy
 
 # The lines keep the logger they had when the reaper wrote them itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.redis_loss")
+logger = logging.getLogger(logs.REDIS_LOSS_LOGGER)
 
 REASON = "redis-data-loss"
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import dispatches, recovery_writes
 from rig_conductor.adapters.redis import writes as redis_writes
 from rig_conductor.adapters.redis.client import AnyRedis
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from rig_conductor.metrics import Metrics
 
 # The lines keep the logger they had when the reaper wrote them itself: operators filter on it.
-logger = logging.getLogger("rig_conductor.reaper.redispatch")
+logger = logging.getLogger(logs.REDISPATCH_LOGGER)
 
 REASON = "lost"
 

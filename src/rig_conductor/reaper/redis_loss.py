@@ -26,6 +26,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor import logs
 from rig_conductor.adapters.postgres import dispatches, recovery
 from rig_conductor.adapters.redis import streams as redis_streams
 from rig_conductor.adapters.redis.client import AnyRedis, Topology, node_for
@@ -33,7 +34,7 @@ from rig_conductor.domain import StreamKey
 from rig_conductor.effects import redis_loss as writes
 from rig_conductor.policy import redis_loss
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(logs.REDIS_LOSS_LOGGER)
 
 PAGE = 1_000  # unfinished dispatches read, and their markers looked up, at a time
 REASON = writes.REASON

@@ -16,10 +16,11 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
+from rig_conductor import logs
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.domain import ConsumerName, GroupName, PendingEntry, StreamKey
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(logs.SWEEP_LOGGER)
 
 PAGE = 1_000  # entries per owner and read: about a millisecond of Redis time
 

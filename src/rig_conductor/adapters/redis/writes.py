@@ -16,6 +16,7 @@ from typing import NamedTuple
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
+from rig_conductor import logs
 from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.adapters.redis import keys as redis_keys
 from rig_conductor.adapters.redis import lua
@@ -24,7 +25,7 @@ from rig_conductor.adapters.redis.streams import DeadLettered, dlq_key
 from rig_conductor.domain import ConsumerName, EntryId, GroupName, PendingEntry, StreamKey
 
 # The claims' line keeps the logger it had beside the sweep's reads: operators filter on it.
-claim_logger = logging.getLogger("rig_conductor.adapters.redis.sweep")
+claim_logger = logging.getLogger(logs.SWEEP_LOGGER)
 
 
 async def append_once(
