@@ -288,8 +288,10 @@ class WorkEvidence:
 # progress time (WORK_STARTED, WORK_PROGRESS, or the reclaim that reserved it), and entries done
 # within the last `settle_s` (their agent may not have acked them yet: work that ended is never
 # stalled, rule 4b, docs/rules.md, though Redis's idle time for it says nothing of its progress),
-# in one pass over each lane; then done entries with outputs still to publish (few, through the
-# partial indexes). The last column says which: 'open', 'done' or 'unpublished'.
+# in one pass over each lane, whether their outputs are published yet or not (the agent that
+# had its completion accepted publishes them next, then acks); then done entries with outputs
+# still to publish (few, through the partial indexes), which a down owner's next holder
+# publishes. The last column says which: 'open', 'done' or 'unpublished'.
 _LANE = """
     SELECT stream, group_name, entry_id, attempt,
            progress_at > now() - make_interval(secs => :deadline_s),
@@ -299,7 +301,6 @@ _LANE = """
        AND ((state NOT IN ('done', 'dead', 'superseded')
              AND (attempt >= :worn_at OR (:deadline_s > 0 AND progress_at IS NOT NULL)))
          OR (:deadline_s > 0 AND state = 'done'
-             AND (outputs IS NULL OR published_at IS NOT NULL)
              AND updated_at > now() - make_interval(secs => :settle_s)))
 """
 _UNPUBLISHED = """
