@@ -301,39 +301,15 @@ async def test_a_stalled_entry_moves_alone_and_its_attempt_is_fenced(
         assert not (await work.record_work(engine, tenant="default", report=fenced)).accepted
 
 
+@pytest.mark.parametrize("outputs", [0, 1], ids=["nothing-staged", "outputs-unpublished"])
 async def test_an_entry_done_but_not_yet_acked_is_not_stalled(
-    redis: Redis, engine: AsyncEngine, settings: Settings
+    redis: Redis, engine: AsyncEngine, settings: Settings, outputs: int
 ) -> None:
     """Between an accepted completion and the agent's XACK the entry is still pending, idle since
-    it was read: a scan in that window must not take finished work for stalled work."""
-    settings = settings.model_copy(update={"entry_deadline_ms": 1_000})
-    ids = await fill(redis, S, G, 1)
-    await read(redis, S, G, CLAUDE, 1)
-    await register(redis, S, G, "review-e-1")
-    started = await work.record_work(
-        engine,
-        tenant="default",
-        report=work.WorkReport("WORK_STARTED", "review-e", S, ids[0], CLAUDE),
-    )
-    await asyncio.sleep(1.2)  # the entry's idle time past the deadline of 1 s
-    completed = work.WorkReport(
-        "WORK_COMPLETED", "review-e", S, ids[0], CLAUDE, attempt=started.attempt
-    )
-    assert (await work.record_work(engine, tenant="default", report=completed)).accepted
-    await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))
-    report = await cycle.reap_once(
-        redis=redis, engine=engine, settings=settings, effects=port(engine, settings)
-    )
-    assert report.reclaimed == 0, report.reclaimed_by_reason
-    assert await owners(redis, S, G) == {ids[0]: CLAUDE}
-
-
-async def test_an_entry_done_with_outputs_not_yet_published_is_not_stalled(
-    redis: Redis, engine: AsyncEngine, settings: Settings
-) -> None:
-    """The same window when the completion staged files: its agent renames them, reports the
-    publish, then acks. While it is alive and the completion fresh, the entry is its own; the
-    next holder publishes them only once its owner is down."""
+    it was read: a scan in that window must not take finished work for stalled work. When the
+    completion staged files, its agent renames them and reports the publish before it acks:
+    while it is alive and the completion fresh the entry is its own too (the next holder
+    publishes them only once the owner is down)."""
     settings = settings.model_copy(update={"entry_deadline_ms": 1_000})
     ids = await fill(redis, S, G, 1)
     await read(redis, S, G, CLAUDE, 1)
@@ -346,7 +322,13 @@ async def test_an_entry_done_with_outputs_not_yet_published_is_not_stalled(
     await asyncio.sleep(1.2)  # the entry's idle time past the deadline of 1 s
     staged = StagedOutput(f"/out/.rc-1.json.{ids[0]}.a1.tmp", "/out/rc-1.json")
     completed = work.WorkReport(
-        "WORK_COMPLETED", "review-e", S, ids[0], CLAUDE, attempt=started.attempt, outputs=(staged,)
+        "WORK_COMPLETED",
+        "review-e",
+        S,
+        ids[0],
+        CLAUDE,
+        attempt=started.attempt,
+        outputs=(staged,) * outputs,
     )
     assert (await work.record_work(engine, tenant="default", report=completed)).accepted
     await beat(engine, ("review-e", CLAUDE, False), ("review-e", "review-e-1", False))

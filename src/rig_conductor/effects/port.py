@@ -70,6 +70,8 @@ class Effects:
 
     # For the reports only (`ScanReport.dry_run`): nothing branches on it.
     dry: ClassVar[bool] = False
+    # What applies a reclaim plan: `DryRun`, which claims nothing, for the dry port.
+    applier_kind: ClassVar[type[applier.Applier]] = applier.Applier
 
     # Reclaim: the applier of one group's plans (the scan's sweep), or of one plan (by hand).
 
@@ -82,7 +84,7 @@ class Effects:
         by: str | None = None,
     ) -> applier.Applier:
         """The applier of `assessment`'s plans; `by`: the operator who asked (a move by hand)."""
-        return applier.Applier(
+        return self.applier_kind(
             assessment,
             redis=redis,
             journal=self.journal(by),
@@ -195,22 +197,7 @@ class DryEffects(Effects):
     dead letters, which no dry run touches, as if there were none."""
 
     dry: ClassVar[bool] = True
-
-    def reclaim(
-        self,
-        assessment: GroupAssessment,
-        *,
-        redis: Redis,
-        timing: Timing = no_timing,
-        by: str | None = None,
-    ) -> applier.Applier:
-        return applier.DryRun(
-            assessment,
-            redis=redis,
-            journal=self.journal(by),
-            metrics=self.metrics,
-            timing=timing,
-        )
+    applier_kind: ClassVar[type[applier.Applier]] = applier.DryRun
 
     async def append_lost(self, redis: AnyRedis, item: dispatches.RecentDispatch) -> bool:
         redispatch.would_append(item)
