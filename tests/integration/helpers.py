@@ -10,20 +10,38 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psycopg
 from redis.asyncio import Redis
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.effects import port as effects_port
 from rig_conductor.effects.port import Effects
 from rig_conductor.metrics import Metrics
 from rig_conductor.settings import Settings
+
+
+@contextmanager
+def fresh_database(database_url: str, prefix: str) -> Iterator[str]:
+    """A database of its own, empty (no schema), on the server of `database_url`: its URL.
+    Dropped on exit, whatever is still connected."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
+    conninfo = admin.render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
 
 
 async def fill(redis: Redis, stream: str, group: str, n: int, *, start: int = 1) -> list[str]:

@@ -8,20 +8,17 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from redis.asyncio import Redis
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import intake
 from rig_conductor.domain import AgentId, ConsumerName
 
-from .helpers import fill, idle_at_least, owners, read, register
+from .helpers import fill, fresh_database, idle_at_least, owners, read, register
 
 
 def run(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -49,14 +46,8 @@ def env(redis_url: str, database_url: str) -> dict[str, str]:
 @pytest.fixture
 def empty_database_url(database_url: str) -> Iterator[str]:
     """A second, never-migrated database on the same server."""
-    name = f"rig_empty_{uuid.uuid4().hex[:8]}"
-    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with fresh_database(database_url, "rig_empty") as url:
+        yield url
 
 
 async def test_reap_once_prints_the_report_as_json(

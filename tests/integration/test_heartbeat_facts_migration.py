@@ -5,21 +5,19 @@ reads, is written as migration 0014's function wrote it."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 
-import psycopg
 import pytest
 from alembic import command
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import intake, migrations, queries
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.policy import degraded
+from tests.integration.helpers import fresh_database
 
 BEFORE = "0018"  # the revision before the one under test: 0014's function
 AGENT, CODEX, CLAUDE = "review-e-codex", "review-e-codex-0", "review-e-codex-1"
@@ -34,21 +32,10 @@ NEW_COLUMNS = {
 Beat = tuple[str, str | None, bool]
 
 
-def _new_database(database_url: str) -> Iterator[str]:
-    name = f"rig_migrate_{uuid.uuid4().hex[:8]}"
-    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
 @pytest.fixture
 def old_url(database_url: str) -> Iterator[str]:
     """A database of its own, migrated to the revision before 0019."""
-    for url in _new_database(database_url):
+    with fresh_database(database_url, "rig_migrate") as url:
         command.upgrade(migrations.alembic_config(url), BEFORE)
         yield url
 
@@ -56,7 +43,7 @@ def old_url(database_url: str) -> Iterator[str]:
 @pytest.fixture
 def head_url(database_url: str) -> Iterator[str]:
     """A second database of its own, migrated to head."""
-    for url in _new_database(database_url):
+    with fresh_database(database_url, "rig_migrate") as url:
         migrations.upgrade(url)
         yield url
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
@@ -38,7 +36,7 @@ from tests.e2e.fleet import (
     heard_from,
     pending,
 )
-from tests.integration.helpers import free_port, wait_for
+from tests.integration.helpers import free_port, fresh_database, wait_for
 from tests.upgrade.previous import CURRENT, Process, Release, previous_release, run, start
 from tests.upgrade.proxy import Proxy, running_proxy
 
@@ -56,14 +54,8 @@ def previous() -> Release:
 @pytest.fixture
 def empty_database(database_url: str) -> Iterator[str]:
     """A database of its own, with no schema: the previous release migrates it."""
-    name = f"rig_upgrade_{uuid.uuid4().hex[:10]}"
-    admin = make_url(database_url).set(drivername="postgresql", database="postgres")
-    conninfo = admin.render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield make_url(database_url).set(database=name).render_as_string(hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with fresh_database(database_url, "rig_upgrade") as url:
+        yield url
 
 
 @pytest.fixture
