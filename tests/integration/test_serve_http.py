@@ -66,6 +66,34 @@ async def test_chunked_heartbeats_are_taken_and_bounded_through_serve(
         assert await heartbeats_stored(engine) == 2
 
 
+async def test_a_refused_body_still_being_sent_gets_its_413_not_a_reset(
+    redis_url: str, database_url: str
+) -> None:
+    """A client still writing a body over the limit when the server has decided to refuse it
+    reads the 413: the server takes the rest of the body before it answers and closes. Answered
+    at once, the rest reached a closed socket and the client got "connection reset" (TCP RST),
+    for the body declared and for the body chunked alike."""
+    big = b'{"type":"HEARTBEAT","agentId":"' + b"a" * 200_000 + b'"}'
+    framings = {
+        b"Content-Length: %d" % len(big): big,
+        b"Transfer-Encoding: chunked": chunked(big, 8192),
+    }
+    async with serve(redis_url, database_url) as conductor:
+        address = urlsplit(conductor.url)
+        for framing, body in framings.items():
+            reader, writer = await asyncio.open_connection(address.hostname, address.port)
+            try:
+                writer.write(post("/api/events", b"", framing))
+                for start in range(0, len(body), 20_000):  # a slow client: pieces, with pauses
+                    await asyncio.sleep(0.05)  # time for a server that answers early to close
+                    writer.write(body[start : start + 20_000])
+                    await writer.drain()
+                answer = await asyncio.wait_for(reader.read(), timeout=20)
+            finally:
+                writer.close()
+            assert answer.startswith(b"HTTP/1.1 413 "), (framing, answer[:200])
+
+
 async def test_the_server_refuses_ambiguous_framing_and_endless_heads(
     redis_url: str, database_url: str, engine: AsyncEngine
 ) -> None:

@@ -39,6 +39,11 @@ logger = logging.getLogger(__name__)
 Pages = Callable[[Request, int, str], Response]
 
 MAX_BODY_BYTES = 64 * 1024
+# A refused body is read to its end, up to this many bytes, before the 413 goes out. A server
+# that answers and closes while the client is still sending resets the connection (TCP RST),
+# and the client sees "connection reset" where the answer should be. Past this, the answer goes
+# at once and a client still sending may see the reset.
+DRAIN_BYTES = 1024 * 1024
 RETRY_AFTER_S = "5"
 # pydantic puts the union member's tag into the location: it names no field of the request.
 _TAGS = {
@@ -219,6 +224,9 @@ class BodyLimit:
     httptools) delivers no more than it declares, so the body passes through untouched. A body
     without one (chunked) is read here, at most `limit` bytes, and replayed to the app: an error
     raised from inside the app's own body reading would surface as a 400 instead.
+
+    A refused body is drained (up to `DRAIN_BYTES`) before the answer, so the client reads the
+    413 rather than a reset connection.
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -232,6 +240,8 @@ class BodyLimit:
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit():
             if int(declared) > self.limit:
+                if int(declared) <= DRAIN_BYTES:
+                    await drain(receive, 0)
                 await self._refuse(send)
             else:
                 await self.app(scope, receive, send)
@@ -246,6 +256,8 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
+                if message.get("more_body", False):
+                    await drain(receive, size)
                 await self._refuse(send)
                 return
             chunks.append(chunk)
@@ -256,3 +268,15 @@ class BodyLimit:
 
     async def _refuse(self, send: Send) -> None:
         await answer(send, 413, f"request body over {self.limit} bytes")
+
+
+async def drain(receive: Receive, taken: int) -> None:
+    """Reads and drops the rest of a request body, `taken` bytes of it already read, until its
+    end, the client's going away, or `DRAIN_BYTES` in all."""
+    while taken <= DRAIN_BYTES:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        taken += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
