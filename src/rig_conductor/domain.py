@@ -187,7 +187,8 @@ class Heartbeat:
     degraded: bool = False
     # Receipt time of the first of the heartbeats since which every one has reported this
     # `degraded`, whatever the gaps between them; None when not known. A consumer's: of the
-    # heartbeats naming it. An agent's is not kept (see `anonymous`).
+    # heartbeats naming it. An agent's is not kept (see `anonymous`). The scan reads it for a
+    # degraded heartbeat only (`queries._own_heartbeats`): nothing asks since when one is healthy.
     status_since: datetime | None = None
     # An agent's: its latest heartbeat that named no consumer, with its own `status_since`;
     # None when none was heard (and for a consumer).

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-from sqlalchemy import Text, bindparam, func, select, text
+from sqlalchemy import Text, bindparam, case, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -132,7 +132,9 @@ async def _own_heartbeats(
         consumer_heartbeats.c.consumer,
         consumer_heartbeats.c.last_heartbeat_at,
         consumer_heartbeats.c.degraded,
-        consumer_heartbeats.c.status_since,
+        # Read for a degraded run only, the one rule 3b measures: a scan reads every holder's
+        # heartbeat, and 10,000 timestamps parsed cost it some 4 ms, for nothing when healthy.
+        case((consumer_heartbeats.c.degraded, consumer_heartbeats.c.status_since)),
     ).where(consumer_heartbeats.c.tenant == tenant)
     if consumers is not None:
         # The names as rows joined on the primary key: a lookup each, whatever the table's
