@@ -132,8 +132,9 @@ async def _own_heartbeats(
         consumer_heartbeats.c.consumer,
         consumer_heartbeats.c.last_heartbeat_at,
         consumer_heartbeats.c.degraded,
-        # Read for a degraded run only, the one rule 3b measures: a scan reads every holder's
-        # heartbeat, and 10,000 timestamps parsed cost it some 4 ms, for nothing when healthy.
+        # Read for a degraded run only, the one rule 3b measures (docs/rules.md): a scan
+        # reads every holder's heartbeat, and 10,000 timestamps parsed cost it some 4 ms,
+        # for nothing when healthy.
         case((consumer_heartbeats.c.degraded, consumer_heartbeats.c.status_since)),
     ).where(consumer_heartbeats.c.tenant == tenant)
     if consumers is not None:
