@@ -94,6 +94,24 @@ async def test_a_refused_body_still_being_sent_gets_its_413_not_a_reset(
             assert answer.startswith(b"HTTP/1.1 413 "), (framing, answer[:200])
 
 
+async def test_a_body_over_the_limit_announced_with_expect_continue_is_refused_unsent(
+    redis_url: str, database_url: str
+) -> None:
+    """A client that asks before sending (`Expect: 100-continue`) a body over the limit is
+    answered 413 at once: not invited to send it (100 Continue) only to have it refused."""
+    async with serve(redis_url, database_url) as conductor:
+        address = urlsplit(conductor.url)
+        reader, writer = await asyncio.open_connection(address.hostname, address.port)
+        try:
+            head = post("/api/events", b"", b"Content-Length: 200000", b"Expect: 100-continue")
+            writer.write(head)
+            await writer.drain()
+            status_line = await asyncio.wait_for(reader.readline(), timeout=20)
+        finally:
+            writer.close()
+        assert status_line.startswith(b"HTTP/1.1 413 "), status_line
+
+
 async def test_the_server_refuses_ambiguous_framing_and_endless_heads(
     redis_url: str, database_url: str, engine: AsyncEngine
 ) -> None:

@@ -240,7 +240,9 @@ class BodyLimit:
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit():
             if int(declared) > self.limit:
-                if int(declared) <= DRAIN_BYTES:
+                # A client that asked to go on (`Expect: 100-continue`) has sent no body yet:
+                # reading would ask it for one. It gets the 413 instead, as HTTP means it to.
+                if int(declared) <= DRAIN_BYTES and header(scope, b"expect") is None:
                     await drain(receive, 0)
                 await self._refuse(send)
             else:
