@@ -239,10 +239,11 @@ class BodyLimit:
             return
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit():
-            if int(declared) > self.limit:
+            size = int(declared)
+            if size > self.limit:
                 # A client that asked to go on (`Expect: 100-continue`) has sent no body yet:
                 # reading would ask it for one. It gets the 413 instead, as HTTP means it to.
-                if int(declared) <= DRAIN_BYTES and header(scope, b"expect") is None:
+                if size <= DRAIN_BYTES and header(scope, b"expect") is None:
                     await drain(receive, 0)
                 await self._refuse(send)
             else:
