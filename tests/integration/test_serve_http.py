@@ -143,3 +143,37 @@ async def test_the_server_refuses_ambiguous_framing_and_endless_heads(
         refusals = [r["message"] for r in logged if r.get("logger") == "uvicorn.error"]
         assert "Invalid HTTP request received." in refusals, conductor.stderr[-2000:]
         assert f"Request head over {serving.MAX_HEAD_BYTES} bytes: refused" in refusals
+
+
+async def test_a_refusal_before_the_body_is_read_reaches_a_client_still_sending(
+    redis_url: str, database_url: str
+) -> None:
+    """The role guard answers 401, 403 and 429 from the head alone, before the app reads the
+    body. A client still writing that body reads the answer, not "connection reset": the
+    server takes the rest of the body before it answers and closes."""
+    body = b'{"type":"HEARTBEAT","agentId":"' + b"a" * 60_000 + b'"}'  # within the limit
+    viewer = "viewer-token-000000000001"
+    env = {"RIG_API_TOKENS": "api-token-0000000000001", "RIG_VIEWER_TOKENS": viewer}
+    async with serve(redis_url, database_url, **env) as conductor:
+        address = urlsplit(conductor.url)
+
+        async def slowly(*headers: bytes) -> bytes:
+            reader, writer = await asyncio.open_connection(address.hostname, address.port)
+            try:
+                writer.write(post("/api/events", b"", b"Content-Length: %d" % len(body), *headers))
+                for start in range(0, len(body), 15_000):  # pieces, with pauses
+                    await asyncio.sleep(0.05)  # time for a server that answers early to close
+                    writer.write(body[start : start + 15_000])
+                    await writer.drain()
+                answer = await asyncio.wait_for(reader.read(), timeout=20)
+            finally:
+                writer.close()
+            return answer.split(b"\r\n", 1)[0]
+
+        assert await slowly() == b"HTTP/1.1 401 Unauthorized"
+        assert await slowly(b"Authorization: Bearer " + viewer.encode()) == (
+            b"HTTP/1.1 403 Forbidden"
+        )
+        wrong = b"Authorization: Bearer wrong-token-00000000001"
+        answers = [await slowly(wrong) for _ in range(6)]  # the sixth wrong token in a row waits
+        assert answers == [b"HTTP/1.1 401 Unauthorized"] * 5 + [b"HTTP/1.1 429 Too Many Requests"]

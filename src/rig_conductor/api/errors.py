@@ -31,6 +31,7 @@ from rig_conductor.api.access import (
     replay,
     route_path,
 )
+from rig_conductor.api.draining import DrainBeforeAnswer
 from rig_conductor.domain import EventKind, NotLeading
 
 logger = logging.getLogger(__name__)
@@ -39,11 +40,6 @@ logger = logging.getLogger(__name__)
 Pages = Callable[[Request, int, str], Response]
 
 MAX_BODY_BYTES = 64 * 1024
-# A refused body is read to its end, up to this many bytes, before the 413 goes out. A server
-# that answers and closes while the client is still sending resets the connection (TCP RST),
-# and the client sees "connection reset" where the answer should be. Past this, the answer goes
-# at once and a client still sending may see the reset.
-DRAIN_BYTES = 1024 * 1024
 RETRY_AFTER_S = "5"
 # pydantic puts the union member's tag into the location: it names no field of the request.
 _TAGS = {
@@ -214,7 +210,10 @@ def install(
         refusal_log=refusal_log,
     )
     app.add_middleware(AccessLog, refusal_log=refusal_log)  # sees 401s, 403s and 413s too
-    app.add_middleware(RootPath, root_path=root_path)  # added last: outermost
+    app.add_middleware(RootPath, root_path=root_path)
+    # Added last: outermost. Whoever answers before the body is read (413, 401, 403, 429, 503),
+    # the rest of it is taken first, so the answer is not lost to a reset connection.
+    app.add_middleware(DrainBeforeAnswer)
 
 
 class BodyLimit:
@@ -225,8 +224,7 @@ class BodyLimit:
     without one (chunked) is read here, at most `limit` bytes, and replayed to the app: an error
     raised from inside the app's own body reading would surface as a 400 instead.
 
-    A refused body is drained (up to `DRAIN_BYTES`) before the answer, so the client reads the
-    413 rather than a reset connection.
+    The rest of a refused body is read before the 413 goes out, outside (`DrainBeforeAnswer`).
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -239,12 +237,7 @@ class BodyLimit:
             return
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit():
-            size = int(declared)
-            if size > self.limit:
-                # A client that asked to go on (`Expect: 100-continue`) has sent no body yet:
-                # reading would ask it for one. It gets the 413 instead, as HTTP means it to.
-                if size <= DRAIN_BYTES and header(scope, b"expect") is None:
-                    await drain(receive, 0)
+            if int(declared) > self.limit:
                 await self._refuse(send)
             else:
                 await self.app(scope, receive, send)
@@ -259,8 +252,6 @@ class BodyLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                if message.get("more_body", False):
-                    await drain(receive, size)
                 await self._refuse(send)
                 return
             chunks.append(chunk)
@@ -271,15 +262,3 @@ class BodyLimit:
 
     async def _refuse(self, send: Send) -> None:
         await answer(send, 413, f"request body over {self.limit} bytes")
-
-
-async def drain(receive: Receive, taken: int) -> None:
-    """Reads and drops the rest of a request body, `taken` bytes of it already read, until its
-    end, the client's going away, or `DRAIN_BYTES` in all."""
-    while taken <= DRAIN_BYTES:
-        message = await receive()
-        if message["type"] != "http.request":
-            return
-        taken += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return
