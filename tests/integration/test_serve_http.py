@@ -46,6 +46,22 @@ def chunked(body: bytes, size: int) -> bytes:
     return b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
 
 
+async def send_slowly(url: str, head: bytes, body: bytes, piece: int) -> bytes:
+    """`head`, then `body` in pieces of `piece` bytes with pauses, as a slow client sends it:
+    the whole answer, read to the end of the connection."""
+    address = urlsplit(url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    try:
+        writer.write(head)
+        for start in range(0, len(body), piece):
+            await asyncio.sleep(0.05)  # time for a server that answers early to close
+            writer.write(body[start : start + piece])
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout=20)
+    finally:
+        writer.close()
+
+
 async def test_chunked_heartbeats_are_taken_and_bounded_through_serve(
     redis_url: str, database_url: str, engine: AsyncEngine
 ) -> None:
@@ -79,18 +95,9 @@ async def test_a_refused_body_still_being_sent_gets_its_413_not_a_reset(
         b"Transfer-Encoding: chunked": chunked(big, 8192),
     }
     async with serve(redis_url, database_url) as conductor:
-        address = urlsplit(conductor.url)
         for framing, body in framings.items():
-            reader, writer = await asyncio.open_connection(address.hostname, address.port)
-            try:
-                writer.write(post("/api/events", b"", framing))
-                for start in range(0, len(body), 20_000):  # a slow client: pieces, with pauses
-                    await asyncio.sleep(0.05)  # time for a server that answers early to close
-                    writer.write(body[start : start + 20_000])
-                    await writer.drain()
-                answer = await asyncio.wait_for(reader.read(), timeout=20)
-            finally:
-                writer.close()
+            head = post("/api/events", b"", framing)
+            answer = await send_slowly(conductor.url, head, body, 20_000)
             assert answer.startswith(b"HTTP/1.1 413 "), (framing, answer[:200])
 
 
@@ -155,19 +162,10 @@ async def test_a_refusal_before_the_body_is_read_reaches_a_client_still_sending(
     viewer = "viewer-token-000000000001"
     env = {"RIG_API_TOKENS": "api-token-0000000000001", "RIG_VIEWER_TOKENS": viewer}
     async with serve(redis_url, database_url, **env) as conductor:
-        address = urlsplit(conductor.url)
 
         async def slowly(*headers: bytes) -> bytes:
-            reader, writer = await asyncio.open_connection(address.hostname, address.port)
-            try:
-                writer.write(post("/api/events", b"", b"Content-Length: %d" % len(body), *headers))
-                for start in range(0, len(body), 15_000):  # pieces, with pauses
-                    await asyncio.sleep(0.05)  # time for a server that answers early to close
-                    writer.write(body[start : start + 15_000])
-                    await writer.drain()
-                answer = await asyncio.wait_for(reader.read(), timeout=20)
-            finally:
-                writer.close()
+            head = post("/api/events", b"", b"Content-Length: %d" % len(body), *headers)
+            answer = await send_slowly(conductor.url, head, body, 15_000)
             return answer.split(b"\r\n", 1)[0]
 
         assert await slowly() == b"HTTP/1.1 401 Unauthorized"
