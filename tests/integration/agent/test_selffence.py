@@ -142,11 +142,12 @@ async def test_a_hung_async_handler_is_cancelled_at_the_deadline(
 async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
     engine: AsyncEngine, settings: Callable[..., AgentSettings], conductor: str
 ) -> None:
-    moved = threading.Event()
+    reported, moved = threading.Event(), threading.Event()
     outcome: list[str] = []
 
     async def handler(entry: Entry) -> None:
         await entry.progress()
+        reported.set()
         await asyncio.get_running_loop().run_in_executor(None, moved.wait, 60)
         # A report the conductor could not answer in time (a loaded machine) is not recorded
         # and fences nothing: report again until the answer comes.
@@ -161,6 +162,9 @@ async def test_progress_after_a_reclaim_raises_fenced_in_the_handler(
     entry_id = await dispatch(conductor, "rc-moved")
     async with running(handler, settings()):
         await wait_for(lambda: _state(engine, entry_id, "running"), within=60)
+        # Moved only once the first report is answered: on a loaded machine that report could
+        # still be on its way, and would be fenced itself, outside the loop that expects it.
+        await wait_for(reported.is_set, within=60)
         # The reaper moved it elsewhere: a new attempt is reserved for the target.
         await pg_writes.reclaimed(
             engine,
