@@ -211,8 +211,8 @@ def install(
     )
     app.add_middleware(AccessLog, refusal_log=refusal_log)  # sees 401s, 403s and 413s too
     app.add_middleware(RootPath, root_path=root_path)
-    # Added last: outermost. Whoever answers before the body is read (413, 401, 403, 429, 503),
-    # the rest of it is taken first, so the answer is not lost to a reset connection.
+    # Added last: outside every layer that may answer before the body is read (413, 401, 403,
+    # 429, 503), so the rest of it is taken first and the answer is not lost to a reset.
     app.add_middleware(DrainBeforeAnswer)
 
 
