@@ -11,6 +11,7 @@ import collections
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -379,6 +380,69 @@ def proc_kb(pid: int) -> dict[str, int]:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
         return {k: int(v.split()[0]) for k, _, v in (x.partition(":") for x in lines) if "kB" in v}
     return {}
+
+
+def _stat(pid: int) -> tuple[int, float] | None:
+    """A process's parent and CPU seconds so far; None once it is gone."""
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+@contextlib.contextmanager
+def postgres_cpu(database_url: str, every: float = 0.05) -> Iterator[list[float]]:
+    """The CPU seconds the PostgreSQL server of `database_url` spends while the block runs: its
+    postmaster and every process it forks, sampled every `every` s so that a backend which exits
+    keeps its share (all but its last interval). The list yielded holds the sum once the block
+    ends; 0.0 for a server on another machine."""
+    with psycopg.connect(conninfo(database_url)) as conn:
+        row = conn.execute("SELECT pg_backend_pid(), inet_server_addr()").fetchone()
+    assert row is not None
+    backend, address = row
+    found = _stat(backend) if address is None or address.is_loopback else None
+    if found is None:  # not this machine's: its CPU cannot be read here
+        yield [0.0]
+        return
+    postmaster = found[0]
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+
+    def sample(starting: bool) -> None:
+        with contextlib.suppress(OSError):
+            family = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+            for pid in (postmaster, *map(int, family)):
+                if (stat := _stat(pid)) is not None:
+                    first.setdefault(pid, stat[1] if starting else 0.0)
+                    last[pid] = stat[1]
+
+    def watch() -> None:
+        while not done.wait(every):
+            sample(starting=False)
+
+    sample(starting=True)
+    done, total = threading.Event(), [0.0]
+    sampler = threading.Thread(target=watch, daemon=True)
+    sampler.start()
+    try:
+        yield total
+    finally:
+        done.set()
+        sampler.join()
+        sample(starting=False)
+        total[0] = sum(last[pid] - first[pid] for pid in last)
+
+
+def children_cpu_s() -> float:
+    """CPU seconds of this process's children that have ended and been waited for."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+async def redis_cpu_s(redis: Redis) -> float:
+    """CPU seconds the Redis server has spent since it started (INFO cpu, its own process)."""
+    cpu = await redis.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 @contextlib.contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -185,19 +184,6 @@ def start(
     return [*targets, Target("conductor", stack, f"{url}/api/events")]
 
 
-def postgres_cpu_s() -> float:
-    """CPU seconds spent so far by the PostgreSQL processes running on this machine (0.0 when
-    none is: a remote server). A backend that exits between two readings takes its share."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            name, fields = stat.read_text().rsplit(")", 1)
-            if name.endswith("(postgres"):
-                user, system = fields.split()[11:13]
-                total += int(user) + int(system)
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     script = tmp / "heartbeat.lua"
     script.write_text(  # JSON strings are Lua strings
@@ -216,9 +202,9 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
         # Durable storage per heartbeat: one more run of serve, between two settled readings of
         # the row versions written.
         log.truncate()
-        before, database_cpu = log.written(), postgres_cpu_s()
-        wrk(targets[2].url, script, args.connections, args.duration)  # the conductor
-        database_cpu = postgres_cpu_s() - database_cpu
+        before = log.written()
+        with harness.postgres_cpu(found.database_url) as database_cpu:
+            wrk(targets[2].url, script, args.connections, args.duration)  # the conductor
         stored = max(log.settled(), 1)
         per_beat = (log.written() - before) / stored
     report(targets, loads)
@@ -230,8 +216,8 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     worst = max(load.p99_ms for load in loads[conductor])
     harness.goal("conductor p99, worst round", worst, "<=", GOAL_P99_MS, " ms")
     harness.goal("rows written per heartbeat", per_beat, "<=", GOAL_ROWS_PER_BEAT)
-    if database_cpu:  # PostgreSQL on this machine: its CPU is a replica's other cost
-        print(f"  PostgreSQL CPU per heartbeat stored: {database_cpu * 1e6 / stored:.0f} us")
+    if database_cpu[0]:  # PostgreSQL on this machine: its CPU is a replica's other cost
+        print(f"  PostgreSQL CPU per heartbeat stored: {database_cpu[0] * 1e6 / stored:.0f} us")
     for problem in problems:
         print(f"  not durable: {problem}")
     if problems:

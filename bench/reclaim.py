@@ -14,6 +14,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -137,14 +138,31 @@ async def least_work(stores: Stores, shape: Shape) -> tuple[float, float]:
     return busy, wall
 
 
+def cpu_bound(cpu: dict[str, float], busy: float) -> tuple[str, float]:
+    """The run's CPU, and the highest share of the least work's busy time any schedule of that
+    CPU could reach here: on N cores it needs at least sum / N seconds of wall time."""
+    cores = os.cpu_count() or 1
+    least_wall = sum(cpu.values()) / cores
+    spent = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in cpu.items())
+    return f"{spent}: on {cores} cores at least {least_wall:.2f} s", busy / least_wall
+
+
 async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[CliRun, Any]:
     """The headline: the whole command's run and its scan report."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
     settings = {"entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT}
     settings |= {"streams": STREAM, "agent_ids": shape.agent_ids, "log_format": log_format}
     await stores.redis.config_resetstat()
-    run, report = await harness.run_reap(stores, shape.stale, **settings)
+    # The CPU of the three processes a reclaim keeps busy: the command, Redis and PostgreSQL.
+    command, redis = harness.children_cpu_s(), await harness.redis_cpu_s(stores.redis)
+    with harness.postgres_cpu(stores.servers.database_url) as postgres:
+        run, report = await harness.run_reap(stores, shape.stale, **settings)
     report["redisBusyS"] = await redis_busy(stores)  # the command's own commands, for the text
+    report["cpuS"] = {
+        "command": harness.children_cpu_s() - command,
+        "redis": await harness.redis_cpu_s(stores.redis) - redis,
+        "postgres": postgres[0],
+    }
     await harness.verify_moved(stores, shape, STREAM, to=set())
     return run, report
 
@@ -205,12 +223,16 @@ async def measure_shape(stores: Stores, shape: Shape, runs: int) -> dict[str, An
             f"{GOAL_BUSY}); the command's own Redis busy time {report['redisBusyS']:.2f} s",
             flush=True,
         )
+        spent, best = cpu_bound(report["cpuS"], busy)
+        print(f"      CPU of this run: {spent}, so the share can reach at most {best:.2f}")
         for phase, ms in (report.get("phasesMs") or {}).items():
             print(f"      {phase:<34} {ms * 1000 / shape.stale:7.2f} µs/entry")
         measured["reap"][log_format] = {
             "seconds": [round(r.seconds, 3) for r, _ in results],
             "medianSeconds": round(run.seconds, 3), "perS": round(rate),
             "leastWorkShare": round(share, 3), "redisBusyS": round(report["redisBusyS"], 3),
+            "cpuS": {name: round(seconds, 3) for name, seconds in report["cpuS"].items()},
+            "leastWorkShareBound": round(best, 3),
             "peakRssMb": round(rss), "lines": [r.lines for r, _ in results], "goals": goals,
         }  # fmt: skip
     in_process = await reap_in_process(stores, shape)
