@@ -396,11 +396,11 @@ def postgres_cpu(database_url: str, every: float = 0.05) -> Iterator[list[float]
     postmaster and every process it forks, sampled every `every` s so that a backend which exits
     keeps its share (all but its last interval). The list yielded holds the sum once the block
     ends; 0.0 for a server on another machine."""
-    with psycopg.connect(conninfo(database_url)) as conn:
+    with psycopg.connect(conninfo(database_url)) as conn:  # read while its backend lives
         row = conn.execute("SELECT pg_backend_pid(), inet_server_addr()").fetchone()
-    assert row is not None
-    backend, address = row
-    found = _stat(backend) if address is None or address.is_loopback else None
+        assert row is not None
+        backend, address = row
+        found = _stat(backend) if address is None or address.is_loopback else None
     if found is None:  # not this machine's: its CPU cannot be read here
         yield [0.0]
         return
@@ -416,19 +416,12 @@ def postgres_cpu(database_url: str, every: float = 0.05) -> Iterator[list[float]
                     first.setdefault(pid, stat[1] if starting else 0.0)
                     last[pid] = stat[1]
 
-    def watch() -> None:
-        while not done.wait(every):
-            sample(starting=False)
-
     sample(starting=True)
-    done, total = threading.Event(), [0.0]
-    sampler = threading.Thread(target=watch, daemon=True)
-    sampler.start()
+    total = [0.0]
     try:
-        yield total
+        with every_while(every, lambda: sample(starting=False)):
+            yield total
     finally:
-        done.set()
-        sampler.join()
         sample(starting=False)
         total[0] = sum(last[pid] - first[pid] for pid in last)
 
@@ -448,16 +441,28 @@ async def redis_cpu_s(redis: Redis) -> float:
 @contextlib.contextmanager
 def peaks(read: Callable[[], Sequence[float]], every: float) -> Iterator[list[float]]:
     """The highest of each value `read` returns while the block runs, read every `every` s."""
-    peak, done = list(read()), threading.Event()
+    peak = list(read())
 
     def sample() -> None:
-        while not done.wait(every):
-            peak[:] = [max(high, now) for high, now in zip(peak, read(), strict=True)]
+        peak[:] = [max(high, now) for high, now in zip(peak, read(), strict=True)]
 
-    sampler = threading.Thread(target=sample, daemon=True)
+    with every_while(every, sample):
+        yield peak
+
+
+@contextlib.contextmanager
+def every_while(seconds: float, step: Callable[[], None]) -> Iterator[None]:
+    """`step` called every `seconds`, on a thread of its own, while the block runs."""
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.wait(seconds):
+            step()
+
+    sampler = threading.Thread(target=loop, daemon=True)
     sampler.start()
     try:
-        yield peak
+        yield
     finally:
         done.set()
         sampler.join()
