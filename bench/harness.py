@@ -405,25 +405,24 @@ def postgres_cpu(database_url: str, every: float = 0.05) -> Iterator[list[float]
         yield [0.0]
         return
     postmaster = found[0]
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
+    last: dict[int, float] = {}  # the latest CPU seen of every process of the server
 
-    def sample(starting: bool) -> None:
+    def sample() -> None:
         with contextlib.suppress(OSError):
             family = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
             for pid in (postmaster, *map(int, family)):
                 if (stat := _stat(pid)) is not None:
-                    first.setdefault(pid, stat[1] if starting else 0.0)
                     last[pid] = stat[1]
 
-    sample(starting=True)
+    sample()
+    first = dict(last)  # a process forked during the block starts from 0
     total = [0.0]
     try:
-        with every_while(every, lambda: sample(starting=False)):
+        with every_while(every, sample):
             yield total
     finally:
-        sample(starting=False)
-        total[0] = sum(last[pid] - first[pid] for pid in last)
+        sample()
+        total[0] = sum(seconds - first.get(pid, 0.0) for pid, seconds in last.items())
 
 
 def children_cpu_s() -> float:
