@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -62,6 +63,13 @@ def conductor_settings(make_settings: Callable[..., Settings], **overrides: Any)
             **overrides,
         }
     )
+
+
+@pytest.fixture(autouse=True)
+def _outcomes_in_reports(caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime's INFO lines (each entry's outcome, a conductor given up on and found again)
+    in a failed test's report: the warnings alone do not say where an entry stopped."""
+    caplog.set_level(logging.INFO, logger="rig_conductor.agent")
 
 
 @pytest.fixture

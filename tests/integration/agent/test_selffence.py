@@ -29,7 +29,10 @@ async def agent_view(conductor: str) -> dict[str, object]:
 
 
 async def test_degraded_pauses_all_reading_and_flags_the_heartbeats(
-    redis: Redis, settings: Callable[..., AgentSettings], conductor: str
+    redis: Redis,
+    engine: AsyncEngine,
+    settings: Callable[..., AgentSettings],
+    conductor: str,
 ) -> None:
     calls: list[tuple[str, float]] = []
     pause_ends: list[float] = []  # time.monotonic() at `until`
@@ -51,7 +54,15 @@ async def test_degraded_pauses_all_reading_and_flags_the_heartbeats(
 
         await wait_for(flagged)
         second = await dispatch(conductor, "rc-2")
-        await wait_for(lambda: len(calls) == 3)
+
+        async def story() -> str:
+            return (
+                f"calls {[entry for entry, _ in calls]}, pending {await pending(redis)}, "
+                f"first {await work_events(engine, first)}, "
+                f"second {await work_events(engine, second)}"
+            )
+
+        await wait_for(lambda: len(calls) == 3, explain=story)
         # Self-fenced: neither the failed entry nor the new one was read before the pause
         # ended; then its own pending entries first, then new ones.
         assert [entry for entry, _ in calls] == [first, first, second]
