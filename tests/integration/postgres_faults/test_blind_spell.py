@@ -36,9 +36,13 @@ DOWN_S = 3.0
 SLACK_MS = 300  # the listening slack RIG_AGENT_DOWN_MS of 3 s gives (settings.listen_slack_ms)
 
 
+def heartbeat(agent: str, consumer: str) -> dict[str, str]:
+    return {"type": "HEARTBEAT", "agentId": agent, "consumer": consumer}
+
+
 async def heartbeats(client: httpx.AsyncClient, stop: asyncio.Event) -> None:
     """The live agent: a heartbeat every 0.3 s, whatever the answer (503 during the outage)."""
-    event = {"type": "HEARTBEAT", "agentId": "live-e", "consumer": LIVE}
+    event = heartbeat("live-e", LIVE)
     while not stop.is_set():
         with contextlib.suppress(httpx.HTTPError):
             await client.post("/api/events", json=event)
@@ -95,10 +99,8 @@ async def test_an_outage_longer_than_the_down_time_takes_no_live_agents_work(
         serve(redis_url, database.direct_url, **env) as conductor,
         httpx.AsyncClient(base_url=conductor.url, timeout=30) as client,
     ):
-        spare = {"type": "HEARTBEAT", "agentId": "spare-e", "consumer": "spare-e-0"}
-        dead = {"type": "HEARTBEAT", "agentId": "dead-e", "consumer": DEAD}
-        live = {"type": "HEARTBEAT", "agentId": "live-e", "consumer": LIVE}
-        for beat in (live, spare, dead):
+        spare = heartbeat("spare-e", "spare-e-0")
+        for beat in (heartbeat("live-e", LIVE), spare, heartbeat("dead-e", DEAD)):
             assert (await client.post("/api/events", json=beat)).status_code == 202
         # Entries only once every agent is heard: an agent that never heartbeated is down, and
         # a scan (every 0.3 s) between two of these posts would move its entries at once.
