@@ -101,6 +101,19 @@ def create_app(
     return app
 
 
+def stop_listening(app: object) -> None:
+    """The server in front of `app` takes no more connections: its graceful shutdown began.
+
+    This replica marks itself as listening no more from now, not once the requests in flight
+    have finished (that may take up to the server's graceful timeout): heartbeats sent meanwhile
+    are refused, and that time is blind (rule 3, docs/rules.md), not time in which the agents'
+    heartbeats could have landed. A no-op for another app, or before the lifespan has started.
+    """
+    runtime = getattr(getattr(app, "state", None), "runtime", None)
+    if runtime is not None:
+        runtime.heartbeats.stop_marking()
+
+
 class _Parts:
     """What the app's lifespan owns: built and wired here, started and stopped in order."""
 
@@ -167,10 +180,11 @@ class _Parts:
             self.reaper.start()
 
     async def stop(self) -> None:
-        # The server takes no more requests once its shutdown reaches here, so this replica
-        # stops marking itself as listening first: a scan still running may take seconds to
-        # finish, and that time counts as blind (rule 3, docs/rules.md), not as time in which the
-        # agents' heartbeats could have landed.
+        # The server takes no more requests once its shutdown reaches here (under `serve` and
+        # `demo` the marks stopped earlier, with the connections: `stop_listening`), so this
+        # replica stops marking itself as listening first: a scan still running may take
+        # seconds to finish, and that time counts as blind (rule 3, docs/rules.md), not as time
+        # in which the agents' heartbeats could have landed.
         await self.heartbeats.stop()
         if self.pods is not None:
             await self.pods.follow(False)

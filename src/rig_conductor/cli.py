@@ -162,9 +162,12 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 def _server_class() -> type:
     import uvicorn
 
+    from rig_conductor.app import stop_listening
+
     class Server(uvicorn.Server):
-        """uvicorn's server, with the collector tuned once started (`gcpolicy`), minus
-        re-raising SIGTERM/SIGINT after the graceful shutdown.
+        """uvicorn's server, with the collector tuned once started (`gcpolicy`), the app told
+        when it stops taking connections (`app.stop_listening`), minus re-raising SIGTERM/SIGINT
+        after the graceful shutdown.
 
         uvicorn re-sends the signal it caught once it has shut down, which ends the process
         "killed by SIGTERM"; the contract wants `serve` to exit 0 after a graceful shutdown.
@@ -173,6 +176,10 @@ def _server_class() -> type:
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             gcpolicy.after_startup()  # the app and its clients are loaded: freeze them
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            stop_listening(self.config.app)  # as it stops taking connections, before the drain
+            await super().shutdown(sockets)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

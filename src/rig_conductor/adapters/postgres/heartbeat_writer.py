@@ -16,7 +16,9 @@ shares out.
 The writer also marks, four times per `slack_ms`, that this replica is listening
 (`listening.mark`), unless a batch failed since the last mark: time in which no replica could
 store heartbeats is a blind spell, which rule 3 (docs/rules.md) does not count as silence.
-The mark that ends a spell is logged, and handed to `on_spell_end`.
+The mark that ends a spell is logged, and handed to `on_spell_end`. The marks stop at
+`stop_marking`, once the server in front has stopped taking connections: its graceful shutdown
+may take seconds to finish the requests in flight, and heartbeats sent meanwhile are refused.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class HeartbeatWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._marking = True
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="heartbeat-writer")
@@ -84,6 +87,11 @@ class HeartbeatWriter:
         self._queue.append((heartbeat, future))
         self._wake.set()
         return await future
+
+    def stop_marking(self) -> None:
+        """Mark this replica as listening no more: its server takes no new connections. The
+        heartbeats of requests already in flight are still written."""
+        self._marking = False
 
     async def stop(self) -> None:
         """Write what is queued, then stop."""
@@ -106,17 +114,20 @@ class HeartbeatWriter:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue or (self._mark_due and not self._closing):
+            while self._queue or self._marks_due():
                 if self._queue:
                     batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
                     await self._write(batch)
-                if self._mark_due and not self._closing:  # between batches, even under load
+                if self._marks_due():  # between batches, even under load
                     self._mark_due = False
                     await self._mark()
             if self._closing:
                 if self._conn is not None:
                     await self._conn.close()
                 return
+
+    def _marks_due(self) -> bool:
+        return self._mark_due and self._marking and not self._closing
 
     async def _write(
         self, batch: list[tuple[intake.HeartbeatIn, asyncio.Future[datetime]]]
