@@ -47,7 +47,7 @@ from rig_conductor.adapters.redis import client as redis_client
 from rig_conductor.adapters.redis.client import AnyRedis
 from rig_conductor.agent import Entry, Handler, run_agent
 from rig_conductor.agent.settings import AgentSettings
-from rig_conductor.app import create_app
+from rig_conductor.app import create_app, stop_listening
 from rig_conductor.domain import EventKind
 from rig_conductor.embedded import EmbeddedUnavailable, embedded_services
 from rig_conductor.settings import Settings
@@ -85,12 +85,12 @@ WATCH_SCAN_INTERVAL_S = 5.0
 def run(*, timeout_s: float, log_format: str, once: bool = False, watch: bool = False) -> int:
     """The story, then (unless `once`) a live fleet until Ctrl-C. 0 when the story completed."""
     try:
-        with embedded_services() as services:
+        with embedded_services() as services, _listening_socket() as listener:
             settings = Settings(
                 redis_url=services.redis_url,
                 database_url=services.database_url,
                 http_host="127.0.0.1",
-                http_port=_port(),
+                http_port=listener.getsockname()[1],
                 dispatch_stream=STREAM,
                 streams=(STREAM,),
                 agent_ids=(LIVE[0], DOOMED_AGENT, HELPER[0]),
@@ -105,7 +105,7 @@ def run(*, timeout_s: float, log_format: str, once: bool = False, watch: bool = 
             )
             migrations.upgrade(settings.sqlalchemy_url)
             lead_s = WATCH_LEAD_S if watch else 0.0
-            return asyncio.run(_run(settings, timeout_s, not once, lead_s))
+            return asyncio.run(_run(settings, listener, timeout_s, not once, lead_s))
     except EmbeddedUnavailable as exc:
         logger.error("%s", exc)
         return 2
@@ -117,26 +117,45 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _port() -> int:
-    """8080 when it is free, else any free port."""
-    with socket.socket() as sock:
+@contextlib.contextmanager
+def _listening_socket() -> Iterator[socket.socket]:
+    """A socket listening on 127.0.0.1:8080 when that is free, else on any free port.
+
+    It listens from here on and uvicorn serves on this very socket, so no other process (a second
+    demo started at the same moment) can take the port between choosing it and serving on it.
+    """
+    sock = socket.socket()
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
         try:
             sock.bind(("127.0.0.1", PREFERRED_PORT))
+            sock.listen()
         except OSError:
+            sock.close()
+            sock = socket.socket()
             sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+            sock.listen()
+        yield sock
+    finally:
+        sock.close()
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, leaving Ctrl-C to the demo: it stops the fleet before the server."""
+    """uvicorn's server, leaving Ctrl-C to the demo: it stops the fleet before the server. The
+    app is told when it stops taking connections, as under `serve` (`app.stop_listening`)."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        stop_listening(self.config.app)
+        await super().shutdown(sockets)
 
-async def _run(settings: Settings, timeout_s: float, live: bool, lead_s: float) -> int:
+
+async def _run(
+    settings: Settings, listener: socket.socket, timeout_s: float, live: bool, lead_s: float
+) -> int:
     server = _Server(
         uvicorn.Config(
             create_app(settings),
@@ -146,7 +165,7 @@ async def _run(settings: Settings, timeout_s: float, live: bool, lead_s: float) 
             access_log=False,
         )
     )
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
     # uvicorn exposes start-up as a flag, not an event.
     while not server.started and not serving.done():  # noqa: ASYNC110
         await asyncio.sleep(0.05)
