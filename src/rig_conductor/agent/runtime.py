@@ -39,6 +39,7 @@ from rig_conductor.agent.entry import (
     triage,
 )
 from rig_conductor.agent.handlers import HandlerResult, call_handler
+from rig_conductor.agent.heartbeats import HeartbeatLoop
 from rig_conductor.agent.lease import (
     AgentError,
     ConsumerInUse,
@@ -92,14 +93,16 @@ class Agent:
         self._lease = ConsumerLease(
             redis, key=lease_key(agent_id, stream, group, consumer), ttl_ms=settings.lease_ttl_ms
         )
-        self._lease_lost = False
         self._joined = False
         self._next_scan = 0.0  # monotonic time our own pending list is next read
         self._conductor_down = False
-        # The heartbeat loop's own end. Cancelling it is not enough: a cancellation that lands
-        # as a heartbeat's deadline passes can be swallowed beneath it (a deadline's own cancel
-        # racing it, in asyncio.timeout or the HTTP client), and the loop would beat on for ever.
-        self._closing = False
+        self._heartbeats = HeartbeatLoop(
+            lease=self._lease,
+            beat=self._beat,
+            interval_s=settings.heartbeat_interval_s,
+            consumer=consumer,
+            stop=self.stop,
+        )
         self._current: str | None = None
         self._settler = Settler(
             redis=redis,
@@ -139,18 +142,19 @@ class Agent:
             )
             if not await self._introduce():
                 return
-            beat = asyncio.create_task(self._heartbeats(), name="rig-agent-heartbeats")
+            beat = asyncio.create_task(self._heartbeats.run(), name="rig-agent-heartbeats")
+            beat.add_done_callback(self._heartbeats.ended)
             work = asyncio.create_task(self._consume(), name="rig-agent-consume")
             try:
                 await self._until_stopped(work)
             finally:
-                self._closing = True
+                self._heartbeats.close()
                 for task in (work, beat):
                     task.cancel()  # no-op for a finished task
                 await asyncio.gather(work, beat, return_exceptions=True)
         finally:
             await self._lease.release()
-        if self._lease_lost:
+        if self._heartbeats.lease_lost:
             raise LeaseLost(
                 f"consumer name {self.consumer} was taken over by another process "
                 f"(lease {self._lease.key}); stopped"
@@ -194,30 +198,6 @@ class Agent:
         with the group: whatever it held is dispatched again by the conductor."""
         await self._reader.join("0")
         self._joined = True
-
-    async def _heartbeats(self) -> None:
-        """Renew the consumer-name lease and heartbeat, every RIG_HEARTBEAT_INTERVAL_S."""
-        while not self._closing:
-            try:
-                if not await self._lease.renew():
-                    logger.error(
-                        "Consumer name %s is held by another process now; stopping", self.consumer
-                    )
-                    self._lease_lost = True
-                    self.stop.set()
-                    return
-            except RedisError as exc:
-                logger.warning("Could not renew the consumer-name lease: %s", exc)
-            interval = self.settings.heartbeat_interval_s
-            try:
-                # Bounded, so a hanging conductor never delays the lease past its lifetime.
-                async with asyncio.timeout(interval):
-                    await self._beat()
-            except (ConductorUnavailable, ConductorRejected) as exc:
-                logger.warning("Heartbeat failed: %s", exc)
-            except TimeoutError:
-                logger.warning("Heartbeat failed: no answer within %.1fs", interval)
-            await asyncio.sleep(interval)
 
     async def _beat(self) -> None:
         await self._conductor.heartbeat(degraded=bool(self._degraded), reasons=self._degraded)

@@ -29,11 +29,14 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[str]:
-    """The conductor's app for `settings` on a free port; yields its base URL."""
+async def serving(
+    settings: Settings, *, wrap: Callable[[Any], Any] = lambda app: app
+) -> AsyncIterator[str]:
+    """The conductor's app for `settings` (as `wrap` returns it) on a free port; yields its base
+    URL."""
     port = free_port()
     config = uvicorn.Config(
-        create_app(settings, schedule_reaper=False),
+        wrap(create_app(settings, schedule_reaper=False)),
         host="127.0.0.1",
         port=port,
         log_config=None,
