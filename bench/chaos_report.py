@@ -373,6 +373,7 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
             shown = sorted(issues)
             lines.append(f"{name}: {', '.join(shown[:20])}{' ...' if len(shown) > 20 else ''}")
     lines += await timelines(soak, db, stories, effects)
+    lines += await hearings(soak, db, live)
     if not settled:
         lines.append(f"did not settle within {opts.timeout:g}s")
     failed = any(problems.values()) or not settled
@@ -406,4 +407,29 @@ async def timelines(
                 logs=agents,
                 faults=soak.faults,
             )
+    return lines
+
+
+async def hearings(soak: Soak, db: Any, live: Iterable[Reclaim]) -> list[str]:
+    """What was heard of each live agent reclaimed as down, before its first such reclaim."""
+    from chaos_hearing import hearing
+
+    first: dict[str, float] = {}
+    for reclaim in live:
+        first[reclaim.source] = min(reclaim.at, first.get(reclaim.source, reclaim.at))
+    logs = {c.name: c.log.read_text(errors="replace") for c in soak.children}
+    conductors = {c.name: logs[c.name] for c in soak.conductors}
+    lines: list[str] = []
+    for consumer, at in sorted(first.items()):
+        agents = [a for a in soak.agent_ids if consumer.startswith(f"{a}-")]
+        lines += await hearing(
+            db,
+            tenant=soak.tenant,
+            consumer=consumer,
+            agent=max(agents, key=len, default=consumer),
+            reclaimed_at=at,
+            logs=logs,
+            conductors=conductors,
+            faults=soak.faults,
+        )
     return lines
