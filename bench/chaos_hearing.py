@@ -9,7 +9,7 @@ before the reclaim, and what the conductor counted as heard meanwhile.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,11 +54,12 @@ async def hearing(
     consumer: str,
     agent: str,
     reclaimed_at: float,
-    logs: Mapping[str, str],
+    log: str,
     conductors: Mapping[str, str],
     faults: Iterable[Fault],
 ) -> list[str]:
-    """The rendered story of what was heard of `consumer` (of `agent`) before `reclaimed_at`."""
+    """The rendered story of what was heard of `consumer` (of `agent`, whose process wrote `log`)
+    before `reclaimed_at`; `conductors` are the conductors' logs by name."""
     since = reclaimed_at - LOOKBACK_S
     happenings: list[Happening] = []
     rows = await db.execute(HEARD, {"tenant": tenant, "consumer": consumer, "agent": agent})
@@ -74,7 +75,7 @@ async def hearing(
         span = f"from {_clock(float(start))} to {_clock(float(end))}"
         happenings.append(Happening(float(start), "listening", f"{replica} marks listening {span}"))
         happenings.append(Happening(float(end), "listening", f"{replica} last mark ({span})"))
-    happenings += _lines({consumer: logs.get(consumer, "")}, since, reclaimed_at, _about_agent)
+    happenings += _lines({consumer: log}, since, reclaimed_at, _about_agent)
     happenings += _lines(conductors, since, reclaimed_at, _about_conductor)
     happenings += [
         Happening(f.at, "soak", f.text) for f in faults if since <= f.at <= reclaimed_at + 1
@@ -91,7 +92,9 @@ def _about_conductor(message: str) -> bool:
     return not any(message.startswith(skip) for skip in CONDUCTOR_SKIPS)
 
 
-def _lines(logs: Mapping[str, str], since: float, until: float, keep: Any) -> list[Happening]:
+def _lines(
+    logs: Mapping[str, str], since: float, until: float, keep: Callable[[str], bool]
+) -> list[Happening]:
     found = []
     for name, text in logs.items():
         for line in text.splitlines():

@@ -417,18 +417,21 @@ async def hearings(soak: Soak, db: Any, live: Iterable[Reclaim]) -> list[str]:
     first: dict[str, float] = {}
     for reclaim in live:
         first[reclaim.source] = min(reclaim.at, first.get(reclaim.source, reclaim.at))
-    logs = {c.name: c.log.read_text(errors="replace") for c in soak.children}
-    conductors = {c.name: logs[c.name] for c in soak.conductors}
+    if not first:
+        return []
+    processes = {c.name: c for c in soak.children}
+    conductors = {c.name: c.log.read_text(errors="replace") for c in soak.conductors}
     lines: list[str] = []
     for consumer, at in sorted(first.items()):
         agents = [a for a in soak.agent_ids if consumer.startswith(f"{a}-")]
+        process = processes.get(consumer)
         lines += await hearing(
             db,
             tenant=soak.tenant,
             consumer=consumer,
             agent=max(agents, key=len, default=consumer),
             reclaimed_at=at,
-            logs=logs,
+            log=process.log.read_text(errors="replace") if process else "",
             conductors=conductors,
             faults=soak.faults,
         )

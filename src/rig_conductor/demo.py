@@ -124,20 +124,24 @@ def _listening_socket() -> Iterator[socket.socket]:
     It listens from here on and uvicorn serves on this very socket, so no other process (a second
     demo started at the same moment) can take the port between choosing it and serving on it.
     """
+    try:
+        sock = _listen_on(PREFERRED_PORT)
+    except OSError:
+        sock = _listen_on(0)
+    with sock:
+        yield sock
+
+
+def _listen_on(port: int) -> socket.socket:
     sock = socket.socket()
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
-        try:
-            sock.bind(("127.0.0.1", PREFERRED_PORT))
-            sock.listen()
-        except OSError:
-            sock.close()
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sock.listen()
-        yield sock
-    finally:
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+    except OSError:
         sock.close()
+        raise
+    return sock
 
 
 class _Server(uvicorn.Server):

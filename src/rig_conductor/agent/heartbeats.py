@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -32,7 +33,7 @@ class HeartbeatLoop:
         self,
         *,
         lease: ConsumerLease,
-        beat: Callable[[], Awaitable[None]],
+        beat: Callable[[], Coroutine[Any, Any, None]],
         interval_s: float,
         consumer: str,
         stop: asyncio.Event,
@@ -63,7 +64,7 @@ class HeartbeatLoop:
                     beat = None
                 late = beat is not None  # still in flight, and reported as late already
                 if beat is None:
-                    beat = asyncio.create_task(self._call(), name="rig-agent-heartbeat")
+                    beat = asyncio.create_task(self._beat(), name="rig-agent-heartbeat")
                 done, _ = await asyncio.wait({beat}, timeout=interval)
                 if done:
                     _outcome(beat, interval)
@@ -87,9 +88,6 @@ class HeartbeatLoop:
         why = "cancelled" if task.cancelled() else repr(task.exception())
         logger.error("The heartbeat loop ended (%s): stopping the agent", why)
         self._stop.set()
-
-    async def _call(self) -> None:
-        await self._beat()
 
     async def _renew(self) -> bool:
         """Renew the lease; False (and `stop` set) when another process holds the name now."""
