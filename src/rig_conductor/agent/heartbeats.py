@@ -5,9 +5,10 @@ A heartbeat with no answer within the interval is reported, and left to finish w
 client's own timeout, not cancelled: a conductor slow to answer (just started, under load) still
 stores it then, whereas a request cancelled before the conductor read it is lost, and enough of
 those make a live agent look down (reaper rule 3, docs/rules.md). The lease is renewed on time
-all the same. One heartbeat at a time: the next starts once it has ended. An unexpected error is
-logged and the loop beats on, and should the loop end all the same, the agent stops (`ended`):
-an agent that worked on unheard would be judged down with its entries in hand.
+all the same. One heartbeat at a time: the next starts once it has ended. An unexpected error,
+or a cancellation leaked out of a client, is logged and the loop beats on; should the loop end
+all the same, the agent stops (`ended`): an agent that worked on unheard would be judged down
+with its entries in hand.
 """
 
 from __future__ import annotations
@@ -103,11 +104,25 @@ class HeartbeatLoop:
             logger.warning("Could not renew the consumer-name lease: %s", exc)
         except Exception:
             logger.exception("Could not renew the consumer-name lease")
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            logger.warning("Could not renew the consumer-name lease: cancelled beneath the loop")
         return True
+
+
+def _cancelling() -> bool:
+    """Whether someone asked to cancel the running task. A CancelledError without that leaked
+    out of a client's own timeout handling, and ends nothing."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _outcome(beat: asyncio.Task[None], interval: float) -> None:
     """Log a heartbeat that failed."""
+    if beat.cancelled():  # not by `run`, which cancels only at its end: leaked out of a client
+        logger.warning("Heartbeat cancelled before its answer; the next in %.1fs", interval)
+        return
     try:
         beat.result()
     except (ConductorUnavailable, ConductorRejected) as exc:
