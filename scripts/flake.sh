@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Hunt flaky tests: run the suite RUNS times in a row and count what failed in each round.
 # Every round runs to its end, so one failure does not hide another; the summary lists every
-# failed test with the rounds it failed in.
+# failed test with the rounds it failed in, then every test that came near its hang bound.
 #
 #   scripts/flake.sh [RUNS] [pytest args...]      (make flake RUNS=10 LOAD=3 ARGS='tests/e2e')
 #
@@ -69,6 +69,10 @@ from pathlib import Path
 
 out, runs, load = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 failures: dict[str, list[int]] = defaultdict(list)
+# A hang bound only stops a hang: a test past NEAR of its bound in any round is named, with its
+# worst share, before a slower round fails it (docs/development.md).
+NEAR = 0.4
+near: dict[str, tuple[float, float, float]] = {}
 executed = 0
 for round_ in range(1, runs + 1):
     report = out / f"round-{round_}.xml"
@@ -77,11 +81,21 @@ for round_ in range(1, runs + 1):
         continue
     for case in ET.parse(report).iter("testcase"):
         executed += 1
+        name = f"{case.get('classname')}::{case.get('name')}"
         if case.find("failure") is not None or case.find("error") is not None:
-            failures[f"{case.get('classname')}::{case.get('name')}"].append(round_)
+            failures[name].append(round_)
+        bounds = [p.get("value") for p in case.iter("property") if p.get("name") == "hang_bound_s"]
+        bound = float(bounds[0]) if bounds else 0.0
+        took = float(case.get("time") or 0)
+        if bound and took > NEAR * bound and took / bound > near.get(name, (0.0,))[0]:
+            near[name] = (took / bound, took, bound)
 loaded = f", under {load} busy-loop processes" if load else ""
 print(f"{runs} rounds{loaded}, {executed} tests run, {sum(map(len, failures.values()))} failures")
 for name, rounds in sorted(failures.items()):
     print(f"  {name}: failed in round(s) {', '.join(map(str, rounds))}")
+if near:
+    print(f"{len(near)} tests took over {NEAR:.0%} of their hang bound (pytest.mark.timeout):")
+    for name, (share, took, bound) in sorted(near.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name}: {took:.0f} s of {bound:.0f} s ({share:.0%})")
 PY
 ((failed_rounds == 0))

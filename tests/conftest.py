@@ -37,7 +37,7 @@ from rig_conductor.settings import Settings
 from tests import redis_kit
 
 # Under pytest-xdist (`make test`): which worker runs which file.
-pytest_plugins = ["tests.distribution"]
+pytest_plugins = ["tests.distribution", "tests.hang_bounds"]
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,7 @@ from rig_conductor import demo
 
 from .conftest import settled
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(360)
 
 SUMMARY = re.compile(
     r"Demo done: (?P<done>\d+) of (?P<issues>\d+) issues completed, all by (?P<by>\S+); "

@@ -42,7 +42,7 @@ STOP_TIMEOUT_S = SHUTDOWN_GRACE_S + 15
 # past AUDIT_S it fails with its own stderr. A test that runs it is bounded by AUDITED_TEST_S,
 # so that bound, not the test's, is the one that speaks.
 AUDIT_S = 600
-AUDITED_TEST_S = AUDIT_S + 300
+AUDITED_TEST_S = AUDIT_S + 600
 
 
 # For an agent that must take its next entry from the stream, not its own pending list: a

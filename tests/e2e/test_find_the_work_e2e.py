@@ -26,7 +26,7 @@ from tests.integration.helpers import serve, wait_for
 
 from .fleet import ONE_READ, Fleet, accepted_completions, conductor_env, dispatch, heard_from
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(300)
 
 VICTIM = ("builder-b", "builder-b-pod-0")
 SURVIVOR = ("builder-a", "builder-a-pod-0")

@@ -33,7 +33,7 @@ from .fleet import (
     work_events,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)
 
 MAX_DELIVERIES = 3
 ISSUES = [f"rc-{n}" for n in range(1, 13)]

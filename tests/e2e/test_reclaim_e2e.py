@@ -31,7 +31,7 @@ from .fleet import (
     staged_leftovers,
 )
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)
 
 ISSUES = [f"rc-{n}" for n in range(1, 31)]
 VICTIM = ("builder-b", "builder-b-pod-0")

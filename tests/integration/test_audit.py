@@ -365,7 +365,7 @@ def audit_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 async def test_the_audit_finds_exactly_what_was_planted(
     jdbc_ready: str,  # first: a skip needs no JVM
     spark: SparkSession,
@@ -473,7 +473,7 @@ async def test_the_audit_finds_exactly_what_was_planted(
         assert (out / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(450)
 async def test_a_window_with_no_events_writes_an_empty_audit(
     jdbc_ready: str,  # first: a skip needs no JVM
     spark: SparkSession,

@@ -41,7 +41,7 @@ require_pyspark()
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1500)
 
 # (dispatched entries, entries per anomalous role): about 650 and 1,000,000 events.
 SIZES = {"small": (200, 4), "1M": (planter.entries_for(1_000_000), 1_500)}
@@ -88,7 +88,7 @@ def run_audit(
     )
     command = [sys.executable, "-m", "rig_conductor", "audit", "--output", str(out)]
     command += ["--master", master, "--until", log.until.isoformat()]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=800)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     summary: dict[str, Any] = json.loads((out / "summary.json").read_text())
     return summary

@@ -36,7 +36,7 @@ from tests.spark.cluster import SparkCluster
 
 require_pyspark()
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(1500)
 
 # What local mode and the cluster must agree on: the contract's summary and the breakdowns.
 COMPARED = (
@@ -66,7 +66,7 @@ def audit(
     if on_start is not None:
         threading.Thread(target=on_start, daemon=True).start()
     try:
-        _, stderr = process.communicate(timeout=500)
+        _, stderr = process.communicate(timeout=1200)
     finally:  # a timeout, or the test stopped: the job must not outlive it
         if process.poll() is None:
             process.kill()

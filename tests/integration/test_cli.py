@@ -108,6 +108,7 @@ def test_reap_with_redis_down_fails_in_one_line(env: dict[str, str]) -> None:
     assert "Scan failed: Redis unavailable" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.timeout(300)  # six commands, each a fresh interpreter
 def test_schema_behind_is_refused_until_migrated(
     env: dict[str, str], empty_database_url: str
 ) -> None:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from .helpers import serve
 
 # 60 examples of every operation take about a minute on an idle machine; give a loaded one room.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
 CHECKS = ",".join(
     [

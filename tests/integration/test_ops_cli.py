@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,6 +19,9 @@ from .helpers import read, register, serve
 
 S, G = "rig:dispatch", "workers"
 OPERATOR, VIEWER, AGENT = "op-secret-0123456789", "view-secret-012345678", "agent-secret-01234567"
+
+# Each command is a fresh interpreter: on a loaded 2-core machine one takes seconds to start.
+pytestmark = pytest.mark.timeout(360)
 
 
 async def cli(

@@ -40,7 +40,7 @@ from tests.integration.helpers import free_port, fresh_database, wait_for
 from tests.upgrade.previous import CURRENT, Process, Release, previous_release, run, start
 from tests.upgrade.proxy import Proxy, running_proxy
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 AGENTS = ["builder-a", "builder-b", "builder-c"]
 HANDLER = "tests.e2e.handlers:build"
