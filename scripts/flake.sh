@@ -87,8 +87,9 @@ for round_ in range(1, runs + 1):
         bounds = [p.get("value") for p in case.iter("property") if p.get("name") == "hang_bound_s"]
         bound = float(bounds[0]) if bounds else 0.0
         took = float(case.get("time") or 0)
-        if bound and took > NEAR * bound and took / bound > near.get(name, (0.0,))[0]:
-            near[name] = (took / bound, took, bound)
+        share = took / bound if bound else 0.0
+        if share > max(NEAR, near.get(name, (0.0,))[0]):
+            near[name] = (share, took, bound)
 loaded = f", under {load} busy-loop processes" if load else ""
 print(f"{runs} rounds{loaded}, {executed} tests run, {sum(map(len, failures.values()))} failures")
 for name, rounds in sorted(failures.items()):
