@@ -71,8 +71,7 @@ class LeaseRowElector(ElectorBase):
         try:
             # The connect is bounded by its own connect_timeout: cancelling psycopg's connect
             # half-way would leave an open connection behind, unreferenced.
-            conn = await self._connection()
-            claim = await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
+            claim = await self._try_take()
         except (psycopg.Error, OSError, TimeoutError) as exc:
             await self._disconnect()
             if self._failed(f"PostgreSQL unavailable: {one_line(exc)}"):
@@ -86,6 +85,27 @@ class LeaseRowElector(ElectorBase):
         if claim.leading:
             return None
         return f"reaper lease of tenant {self.tenant} is held by {claim.holder}"
+
+    async def _try_take(self) -> leases.LeaseClaim:
+        """One attempt, on the kept connection if there is one. If the server had cut that one
+        (a failover, an admin, a pooler restart), nothing was kept in it: the attempt is made
+        again at once on a new connection rather than a retry period later, which would leave
+        a leader only the rest of its renew deadline for the next."""
+        kept = self._conn is not None and not self._conn.closed
+        conn = await self._connection()
+        try:
+            return await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
+        except psycopg.OperationalError as exc:
+            if not (kept and conn.closed):
+                raise
+            logger.info(
+                "Reaper lease of tenant %s: its connection was cut (%s); trying on a new one",
+                self.tenant,
+                one_line(exc),
+            )
+        await self._disconnect()
+        conn = await self._connection()
+        return await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
 
     def _holding(self) -> str:
         return f"holds the reaper lease of tenant {self.tenant}"
