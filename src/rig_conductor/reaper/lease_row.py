@@ -103,8 +103,7 @@ class LeaseRowElector(ElectorBase):
                 self.tenant,
                 one_line(exc),
             )
-        await self._disconnect()
-        conn = await self._connection()
+        conn = await self._connection()  # a closed connection is replaced
         return await asyncio.wait_for(self._attempt(conn), timeout=self._timeout_s)
 
     def _holding(self) -> str:
