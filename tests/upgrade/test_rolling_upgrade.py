@@ -184,8 +184,12 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
             dispatcher = asyncio.create_task(dispatching(proxy, issues[:80], dispatched))
             await wait_for(lambda: len(effects(out)) >= 10 or dispatcher.done(), within=60)
 
-            # N's migrate while N-1 serves and its agents work; then N beside N-1.
-            migrated = run(CURRENT, ["migrate"], **env)
+            # N's migrate while N-1 serves and its agents work; then N beside N-1. It waits in a
+            # thread: the proxy and the dispatcher share this event loop, and a Service does not
+            # stop forwarding while a migration runs. (Run here, it froze them for the whole
+            # migrate; a request the proxy had routed just before went out after it, on a
+            # keep-alive connection N-1 had meanwhile closed as idle, and came back a 502.)
+            migrated = await asyncio.to_thread(run, CURRENT, ["migrate"], **env)
             assert migrated.returncode == 0, migrated.stderr[-3000:]
             new, new_url = await serving(CURRENT, "serve-current", logs, env)
             processes.append(new)
