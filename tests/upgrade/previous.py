@@ -4,10 +4,17 @@ own, and its processes: `migrate`, `serve` and `agent` of either release.
 The release is a commit (`RIG_UPGRADE_FROM`, default the 0.1.0 release's): `git archive` of it
 is installed with its own constraints.txt into .cache/upgrade/<commit>/venv, once; a later run
 reuses it. Its agents run its own tests/e2e/handlers.py, from its own tree.
+
+Waiting on a process (`run`, `Process.stop`) is async and happens in a thread: the test's event
+loop also runs the proxy that stands for the Service, and a Service does not stop forwarding
+while a migration runs or a replica stops. (A migrate run in the loop once froze the proxy for
+8 s on a loaded machine; a request routed just before went out after it, on a keep-alive
+connection N-1 had meanwhile closed as idle, and came back a 502.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -79,8 +86,11 @@ class Process:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def stop(self) -> int:
+    async def stop(self) -> int:
         """SIGTERM, and the exit code; killed if it does not stop in time."""
+        return await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
         try:
@@ -106,8 +116,9 @@ def start(release: Release, name: str, args: list[str], logs: Path, **env: str) 
     return Process(name, process, log)
 
 
-def run(release: Release, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        release.command(*args), env=environment(release, **env), capture_output=True, text=True,
-        timeout=300, check=False,
+async def run(release: Release, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """A command of a release to its end, waited for in a thread."""
+    return await asyncio.to_thread(
+        subprocess.run, release.command(*args), env=environment(release, **env),
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

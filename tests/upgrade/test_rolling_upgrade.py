@@ -160,7 +160,7 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
         "RIG_ENTRY_STALE_MS": "60000",
         "RIG_AGENT_DOWN_MS": "60000",
     }
-    migrated = run(previous, ["migrate"], **env)
+    migrated = await run(previous, ["migrate"], **env)
     assert migrated.returncode == 0, migrated.stderr[-3000:]
     agent_env = {
         "RIG_REDIS_URL": redis_url,
@@ -184,12 +184,8 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
             dispatcher = asyncio.create_task(dispatching(proxy, issues[:80], dispatched))
             await wait_for(lambda: len(effects(out)) >= 10 or dispatcher.done(), within=60)
 
-            # N's migrate while N-1 serves and its agents work; then N beside N-1. It waits in a
-            # thread: the proxy and the dispatcher share this event loop, and a Service does not
-            # stop forwarding while a migration runs. (Run here, it froze them for the whole
-            # migrate; a request the proxy had routed just before went out after it, on a
-            # keep-alive connection N-1 had meanwhile closed as idle, and came back a 502.)
-            migrated = await asyncio.to_thread(run, CURRENT, ["migrate"], **env)
+            # N's migrate while N-1 serves and its agents work; then N beside N-1.
+            migrated = await run(CURRENT, ["migrate"], **env)
             assert migrated.returncode == 0, migrated.stderr[-3000:]
             new, new_url = await serving(CURRENT, "serve-current", logs, env)
             processes.append(new)
@@ -199,7 +195,7 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
 
             # N-1 leaves the Service, then stops.
             proxy.backends = [new_url]
-            assert await asyncio.to_thread(old.stop) == 0, old.output()[-3000:]
+            assert await old.stop() == 0, old.output()[-3000:]
             await dispatcher
             # The rest through N alone, to the agents of both releases.
             await dispatching(proxy, issues[80:], dispatched)
@@ -215,7 +211,7 @@ async def test_a_rolling_upgrade_loses_nothing_and_answers_no_5xx(
             failures = proxy.failures()
     finally:
         for process in reversed(processes):
-            await asyncio.to_thread(process.stop)
+            await process.stop()
 
     report = "\n".join(f"--- {p.name}:\n{p.output()[-2500:]}" for p in processes)
     assert len(dispatched) == len(issues)
