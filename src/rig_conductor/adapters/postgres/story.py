@@ -3,7 +3,8 @@ its timeline (runs of WORK_PROGRESS folded into one row by PostgreSQL), its assi
 
 Every read goes through an index: an issue's rows through `ix_events_issue`, an entry's through
 `ix_events_stream_entry`, the RECLAIMED rows that name an entry in their batch through
-`ix_events_entry_ids` (GIN, migration 0017).
+`ix_events_entry_span` (GiST on the span of times a batch covers, migration 0020), then the
+batch's `entry_ids`.
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def _assignments_of(table: Table, *, tenant: str, entry: EntryRef) -> Select[Any
 _TIMELINE = text(
     """
     WITH wanted AS (
-        SELECT * FROM unnest(CAST(:streams AS text[]), CAST(:ids AS text[])) AS w(stream, entry_id)
+        SELECT w.*,
+               CASE WHEN w.entry_id ~ '^[0-9]{1,18}-[0-9]+$'
+                    THEN CAST(split_part(w.entry_id, '-', 1) AS bigint) END AS ms
+          FROM unnest(CAST(:streams AS text[]), CAST(:ids AS text[])) AS w(stream, entry_id)
     ), matched AS (
         SELECT e.id, e.occurred_at, e.kind, e.consumer, e.agent_id, e.stream, e.group_name,
                e.entry_id, e.attempt, e.fenced, e.detail
@@ -173,8 +177,8 @@ _TIMELINE = text(
         SELECT e.id, e.occurred_at, e.kind, e.consumer, e.agent_id, e.stream, e.group_name,
                w.entry_id, e.attempt, e.fenced, e.detail
           FROM events e
-          JOIN wanted w ON w.stream = e.stream AND w.entry_id = ANY(e.entry_ids)
-         WHERE e.entry_ids IS NOT NULL AND e.entry_ids && CAST(:ids AS text[])
+          JOIN wanted w ON rig_entry_span(e.entry_ids) @> w.ms
+         WHERE e.entry_ids IS NOT NULL AND w.stream = e.stream AND w.entry_id = ANY(e.entry_ids)
            AND e.tenant = :tenant AND e.kind = 'RECLAIMED' AND e.id > :after
     ), marked AS (
         SELECT m.*,

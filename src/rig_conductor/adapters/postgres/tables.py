@@ -121,11 +121,12 @@ events = Table(
     Index("ix_events_occurred_at", "occurred_at"),
     Index("ix_events_stream_entry", "stream", "entry_id"),
     Index("ix_events_issue", "issue_id"),
-    # The RECLAIMED rows naming one entry (migration 0017): the story of a piece of work.
+    # The RECLAIMED rows whose batch spans an entry's time (migration 0020): the story of a
+    # piece of work. `rig_entry_span` is the migration's function of `entry_ids`.
     Index(
-        "ix_events_entry_ids",
-        "entry_ids",
-        postgresql_using="gin",
+        "ix_events_entry_span",
+        func.rig_entry_span(text("entry_ids")),
+        postgresql_using="gist",
         postgresql_where=text("entry_ids IS NOT NULL"),
     ),
 )
