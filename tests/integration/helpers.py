@@ -18,10 +18,13 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from alembic import command
 from redis.asyncio import Redis
 from sqlalchemy import make_url, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from rig_conductor.adapters.postgres import engine as pg_engine
+from rig_conductor.adapters.postgres import migrations
 from rig_conductor.effects import port as effects_port
 from rig_conductor.effects.port import Effects
 from rig_conductor.metrics import Metrics
@@ -42,6 +45,25 @@ def fresh_database(database_url: str, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@contextmanager
+def database_at(database_url: str, prefix: str, revision: str) -> Iterator[str]:
+    """A database of its own (`fresh_database`) migrated to `revision`: a migration's test
+    starts from the revision before it."""
+    with fresh_database(database_url, prefix) as url:
+        command.upgrade(migrations.alembic_config(url), revision)
+        yield url
+
+
+@asynccontextmanager
+async def engine_on(url: str) -> AsyncIterator[AsyncEngine]:
+    """A small engine on `url`, disposed on exit."""
+    engine = pg_engine.create_engine(url, pool_size=2)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
 
 
 async def fill(redis: Redis, stream: str, group: str, n: int, *, start: int = 1) -> list[str]:

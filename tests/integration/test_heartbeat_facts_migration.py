@@ -13,11 +13,10 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import intake, migrations, queries
 from rig_conductor.domain import AgentId, ConsumerName
 from rig_conductor.policy import degraded
-from tests.integration.helpers import fresh_database
+from tests.integration.helpers import database_at, engine_on
 
 BEFORE = "0018"  # the revision before the one under test: 0014's function
 AGENT, CODEX, CLAUDE = "review-e-codex", "review-e-codex-0", "review-e-codex-1"
@@ -35,36 +34,26 @@ Beat = tuple[str, str | None, bool]
 @pytest.fixture
 def old_url(database_url: str) -> Iterator[str]:
     """A database of its own, migrated to the revision before 0019."""
-    with fresh_database(database_url, "rig_migrate") as url:
-        command.upgrade(migrations.alembic_config(url), BEFORE)
+    with database_at(database_url, "rig_migrate", BEFORE) as url:
         yield url
 
 
 @pytest.fixture
 def head_url(database_url: str) -> Iterator[str]:
     """A second database of its own, migrated to head."""
-    with fresh_database(database_url, "rig_migrate") as url:
-        migrations.upgrade(url)
+    with database_at(database_url, "rig_migrate", "head") as url:
         yield url
-
-
-async def _engine(url: str) -> AsyncIterator[AsyncEngine]:
-    engine = pg_engine.create_engine(url, pool_size=2)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture
 async def old(old_url: str) -> AsyncIterator[AsyncEngine]:
-    async for engine in _engine(old_url):
+    async with engine_on(old_url) as engine:
         yield engine
 
 
 @pytest.fixture
 async def head(head_url: str) -> AsyncIterator[AsyncEngine]:
-    async for engine in _engine(head_url):
+    async with engine_on(head_url) as engine:
         yield engine
 
 

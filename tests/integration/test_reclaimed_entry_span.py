@@ -11,10 +11,9 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from rig_conductor.adapters.postgres import engine as pg_engine
 from rig_conductor.adapters.postgres import migrations, queries, story, writes
 from rig_conductor.domain import EventKind
-from tests.integration.helpers import fresh_database
+from tests.integration.helpers import database_at, engine_on
 
 BEFORE = "0019"  # the revision before the one under test: 0018's GIN index on `entry_ids`
 TENANT, STREAM, OTHER = "default", "rig:dispatch", "rig:other"
@@ -23,18 +22,14 @@ TARGET = "1700000010000-6"  # the entry whose story is read
 
 @pytest.fixture
 def old_url(database_url: str) -> Iterator[str]:
-    with fresh_database(database_url, "rig_span") as url:
-        command.upgrade(migrations.alembic_config(url), BEFORE)
+    with database_at(database_url, "rig_span", BEFORE) as url:
         yield url
 
 
 @pytest.fixture
 async def engine(old_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = pg_engine.create_engine(old_url, pool_size=2)
-    try:
+    async with engine_on(old_url) as engine:
         yield engine
-    finally:
-        await engine.dispose()
 
 
 def batch(first_ms: int, step: int, count: int = 1_000, *extra: str) -> list[str]:
