@@ -5,9 +5,13 @@ owned per group, so an issue lost, doubled or without its effect in any group fa
 It injects nothing and decides nothing about the run.
 
 A "live agent reclaimed" is a reclaim with reason `down` whose from-consumer was an agent
-process alive at the time of the reclaim: not yet killed, not yet exited. With heartbeats every
-0.5 s and RIG_AGENT_DOWN_MS 3 s, only silence the conductor could not hear (a blind spell) can
-make a live agent look down, so every such reclaim is one a blind spell caused.
+process live at the time of the reclaim: heard (the conductor had received a heartbeat naming
+its consumer: liveness is the conductor's receipt time) and not yet killed or exited. With
+heartbeats every second and RIG_AGENT_DOWN_MS 3 s, only silence the conductor could not hear (a
+blind spell) can make such an agent look down, so every such reclaim is one a blind spell
+caused. A process still starting, not yet heard, is no live agent of the protocol: when every
+earlier process of its agent was killed before it spoke, the agent is rightly down, and entries
+moved to the new consumer (a target by its XGROUP CREATECONSUMER) move on.
 """
 
 from __future__ import annotations
@@ -166,19 +170,43 @@ def read_logs(texts: Iterable[str], stream: str) -> ConductorLogs:
     return found
 
 
+# The first receipt of a heartbeat naming each consumer: its closed liveness intervals and its
+# open one.
+FIRST_HEARD = """
+SELECT consumer, extract(epoch FROM min(heard)) FROM (
+    SELECT consumer, heard_from AS heard FROM liveness
+     WHERE tenant = %(tenant)s AND consumer IS NOT NULL
+    UNION ALL
+    SELECT consumer, heard_since FROM consumer_heartbeats WHERE tenant = %(tenant)s
+) AS h GROUP BY consumer
+"""
+
+
+async def first_heard(db: Any, tenant: str) -> dict[str, float]:
+    rows = await db.execute(FIRST_HEARD, {"tenant": tenant})
+    return {consumer: float(at) for consumer, at in await rows.fetchall() if at is not None}
+
+
 def live_reclaims(
-    reclaims: Iterable[Reclaim], lifetimes: Mapping[str, tuple[float, float | None]]
+    reclaims: Iterable[Reclaim],
+    lifetimes: Mapping[str, tuple[float, float | None]],
+    heard: Mapping[str, float],
 ) -> list[Reclaim]:
-    """The `down` reclaims whose from-consumer's process (consumer -> (started, ended)) was
-    alive when the reclaim was logged. A process that exited by itself ends when it was last
-    seen alive, so a dead one is never taken for live; a consumer of no process the soak
-    started is counted too (a soak that cannot tell must not pass)."""
+    """The `down` reclaims whose from-consumer's process (consumer -> (started, ended)) was live
+    when the reclaim was logged: first heard (`heard`, consumer -> first receipt) at or before
+    it, and not yet ended. A process that exited by itself ends when it was last seen alive, so
+    a dead one is never taken for live; a consumer of no process the soak started is counted
+    too, heard or not (a soak that cannot tell must not pass)."""
     live = []
     for reclaim in reclaims:
         if reclaim.reason != "down":
             continue
-        started, ended = lifetimes.get(reclaim.source, (0.0, None))
-        if started <= reclaim.at and (ended is None or reclaim.at < ended):
+        if reclaim.source not in lifetimes:
+            live.append(reclaim)
+            continue
+        started, ended = lifetimes[reclaim.source]
+        since = max(started, heard.get(reclaim.source, float("inf")))
+        if since <= reclaim.at and (ended is None or reclaim.at < ended):
             live.append(reclaim)
     return live
 
@@ -304,7 +332,7 @@ async def report(soak: Soak, redis: Any, db: Any, settled: bool, elapsed: float)
     logs = read_logs((c.log.read_text(errors="replace") for c in soak.conductors), soak.stream)
     by_reason = Counter(r.reason for r in logs.reclaims)
     lifetimes = {c.name: (c.started_at, c.ended_at) for c in soak.children}
-    live = live_reclaims(logs.reclaims, lifetimes)
+    live = live_reclaims(logs.reclaims, lifetimes, await first_heard(db, soak.tenant))
     user_lines, user_problems = agent_user_lines(soak)
 
     poison = soak.poison

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from chaos_hearing import hearing
-from chaos_report import Database
+from chaos_report import Database, Reclaim, first_heard, live_reclaims
 from chaos_timeline import Fault
 
 from .test_chaos_timeline import TENANT, db  # noqa: F401 - the soak's own connection
@@ -110,4 +110,60 @@ async def test_the_story_shows_what_was_heard_before_the_reclaim(
         "conductor-3 Blind spell over: no conductor could take heartbeats in",
         "heard consumer chaos-w2-5 heard, open interval from 12:00:01.000 to 12:00:03.000, 3 beats",
         "listening vm_2 last mark (from 12:00:00.500 to 12:00:04.000)",
+    ]
+
+
+async def test_a_live_agent_is_one_the_conductor_heard_and_that_still_runs(
+    engine: AsyncEngine,
+    db: Database,  # noqa: F811
+) -> None:
+    """A `down` reclaim counts against the run when its owner's process had been heard (its first
+    heartbeat received, closed interval or open) and had not ended; a process still starting is
+    no live agent yet; a consumer of no process the soak started always counts."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO liveness (tenant, agent_id, consumer, heard_from, heard_to, "
+                "degraded, beats) VALUES (:t, 'chaos-w0', :c, :f, :to, false, 3)"
+            ),
+            [
+                {"t": TENANT, "c": "chaos-w0-1", "f": at(2), "to": at(4)},
+                {"t": TENANT, "c": "chaos-w0-1", "f": at(6), "to": at(8)},
+                {"t": "chaos-other", "c": "chaos-w0-2", "f": at(0), "to": at(1)},
+            ],
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO consumer_heartbeats (tenant, consumer, agent_id, last_heartbeat_at,"
+                " heard_since, beats) VALUES (:t, 'chaos-w0-2', 'chaos-w0', :last, :since, 2)"
+            ),
+            {"t": TENANT, "last": at(12), "since": at(11)},
+        )
+    heard = await first_heard(db, TENANT)
+    assert heard == {"chaos-w0-1": at(2).timestamp(), "chaos-w0-2": at(11).timestamp()}
+
+    lifetimes = {
+        "chaos-w0-1": (at(0).timestamp(), at(20).timestamp()),  # heard from 2 s
+        "chaos-w0-2": (at(9).timestamp(), None),  # started at 9 s, first heard at 11 s
+        "chaos-w0-3": (at(9).timestamp(), None),  # never heard
+    }
+
+    def down(seconds: float, source: str, reason: str = "down") -> Reclaim:
+        return Reclaim(at(seconds).timestamp(), f"{seconds:g}-0", source, "chaos-w1-1", reason)
+
+    reclaims = [
+        down(1, "chaos-w0-1"),  # not heard yet
+        down(3, "chaos-w0-1"),  # heard, running: live
+        down(5, "chaos-w0-1", "stalled"),  # not a `down` verdict
+        down(21, "chaos-w0-1"),  # ended
+        down(10, "chaos-w0-2"),  # started, still starting
+        down(11, "chaos-w0-2"),  # heard at that very moment: live
+        down(30, "chaos-w0-3"),
+        down(30, "chaos-x9-1"),  # no process the soak started
+    ]
+    live = live_reclaims(reclaims, lifetimes, heard)
+    assert [(r.source, r.entry_id) for r in live] == [
+        ("chaos-w0-1", "3-0"),
+        ("chaos-w0-2", "11-0"),
+        ("chaos-x9-1", "30-0"),
     ]
