@@ -98,7 +98,7 @@ async def test_the_story_finds_every_batch_naming_an_entry_written_before_and_af
     await reclaimed(engine, [(STREAM, f"c{n}", batch(1700000000000 + n, 20)) for n in range(20)])
     await reclaimed(engine, [(OTHER, "o", batch(1700000009000, 1, 10, TARGET))])
     await reclaimed(engine, [(STREAM, "t", [TARGET])], tenant="elsewhere")
-    command.upgrade(migrations.alembic_config(old_url), "head")
+    migrations.upgrade(old_url)
     found = await story_of(engine, TARGET)
     assert found == [("c0", "RECLAIMED")], "c0's 501st id: 1700000000000 + 500 x 20, seq 500 % 13"
 
@@ -133,7 +133,7 @@ async def test_the_story_finds_every_batch_naming_an_entry_written_before_and_af
 async def test_a_batchs_span_is_its_times_and_never_fails_an_insert(
     engine: AsyncEngine, old_url: str
 ) -> None:
-    command.upgrade(migrations.alembic_config(old_url), "head")
+    migrations.upgrade(old_url)
     cases = {
         "{3-5,1-0,2-9}": "[1,4)",
         "{1700000000000-0}": "[1700000000000,1700000000001)",

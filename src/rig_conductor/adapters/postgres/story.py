@@ -163,9 +163,7 @@ def _assignments_of(table: Table, *, tenant: str, entry: EntryRef) -> Select[Any
 _TIMELINE = text(
     """
     WITH wanted AS (
-        SELECT w.*,
-               CASE WHEN w.entry_id ~ '^[0-9]{1,18}-[0-9]+$'
-                    THEN CAST(split_part(w.entry_id, '-', 1) AS bigint) END AS ms
+        SELECT w.*, rig_entry_span(ARRAY[w.entry_id]) AS span
           FROM unnest(CAST(:streams AS text[]), CAST(:ids AS text[])) AS w(stream, entry_id)
     ), matched AS (
         SELECT e.id, e.occurred_at, e.kind, e.consumer, e.agent_id, e.stream, e.group_name,
@@ -177,7 +175,7 @@ _TIMELINE = text(
         SELECT e.id, e.occurred_at, e.kind, e.consumer, e.agent_id, e.stream, e.group_name,
                w.entry_id, e.attempt, e.fenced, e.detail
           FROM events e
-          JOIN wanted w ON rig_entry_span(e.entry_ids) @> w.ms
+          JOIN wanted w ON rig_entry_span(e.entry_ids) && w.span
          WHERE e.entry_ids IS NOT NULL AND w.stream = e.stream AND w.entry_id = ANY(e.entry_ids)
            AND e.tenant = :tenant AND e.kind = 'RECLAIMED' AND e.id > :after
     ), marked AS (
