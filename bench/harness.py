@@ -390,6 +390,12 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return None
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds process `pid` has spent so far (0.0 once it is gone)."""
+    found = _stat(pid)
+    return 0.0 if found is None else found[1]
+
+
 @contextlib.contextmanager
 def postgres_cpu(database_url: str, every: float = 0.05) -> Iterator[list[float]]:
     """The CPU seconds the PostgreSQL server of `database_url` spends while the block runs: its

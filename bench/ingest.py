@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -65,6 +66,8 @@ class Load:
     non_2xx: int
     errors: int  # socket errors
     p99_ms: float
+    wrk_cpu_s: float  # the load generator's own CPU: it shares the machine's cores
+    server_cpu_s: float = 0.0  # the server process's CPU during the run
 
     @property
     def rps(self) -> float:
@@ -73,12 +76,22 @@ class Load:
 
 def wrk(url: str, script: Path, connections: int, seconds: float) -> Load:
     command = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script)]
+    before = harness.children_cpu_s()
     done = subprocess.run([*command, url], capture_output=True, text=True, check=False)
+    wrk_cpu = harness.children_cpu_s() - before
     found = re.search(r"^RESULT (\{.*\})$", done.stdout, re.MULTILINE)
     if done.returncode != 0 or found is None:
         raise BenchError(f"wrk exited {done.returncode}: {done.stdout[-300:]}{done.stderr[-300:]}")
     r = json.loads(found.group(1))
-    return Load(r["requests"], r["us"] / 1e6, r["non2xx"], r["errors"], r["p99"] / 1e3)
+    return Load(r["requests"], r["us"] / 1e6, r["non2xx"], r["errors"], r["p99"] / 1e3, wrk_cpu)
+
+
+def load(target: Target, script: Path, connections: int, seconds: float) -> Load:
+    """One wrk run against `target`, with the CPU its server process spent meanwhile."""
+    before = harness.cpu_s(target.pid)
+    measured = wrk(target.url, script, connections, seconds)
+    measured.server_cpu_s = harness.cpu_s(target.pid) - before
+    return measured
 
 
 # Every table a heartbeat may write to, and the goal for row versions written per heartbeat.
@@ -150,6 +163,7 @@ class Target:
     app: str  # "floor", "no-op" or "conductor"
     stack: str  # a key of noop_app.STACKS
     url: str
+    pid: int  # the server process: its CPU is read from /proc
 
     def __str__(self) -> str:
         return f"{self.app} on {self.stack}"
@@ -174,14 +188,14 @@ def start(
         command = [sys.executable, str(bench / "noop_app.py"), "--port", str(port)]
         command += ["--app", app, "--stack", stack]
         url = f"http://127.0.0.1:{port}"
-        servers.enter_context(harness.process(command, env, f"{url}/healthz", log))
-        targets.append(Target("no-op" if app == "noop" else app, stack, f"{url}/api/events"))
+        pid = servers.enter_context(harness.process(command, env, f"{url}/healthz", log))
+        targets.append(Target("no-op" if app == "noop" else app, stack, f"{url}/api/events", pid))
     if stack == SERVE_STACK:
         command = [*harness.COMMAND, "serve"]
     else:
         command = [sys.executable, str(bench / "serve_on.py"), stack]
-    url = servers.enter_context(harness.serve(env, log, command))
-    return [*targets, Target("conductor", stack, f"{url}/api/events")]
+    url, pid = servers.enter_context(harness.serving(env, log, command))
+    return [*targets, Target("conductor", stack, f"{url}/api/events", pid)]
 
 
 def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
@@ -216,8 +230,10 @@ def measure(args: argparse.Namespace, found: harness.Servers, tmp: Path) -> int:
     worst = max(load.p99_ms for load in loads[conductor])
     harness.goal("conductor p99, worst round", worst, "<=", GOAL_P99_MS, " ms")
     harness.goal("rows written per heartbeat", per_beat, "<=", GOAL_ROWS_PER_BEAT)
+    database_us = database_cpu[0] * 1e6 / stored
     if database_cpu[0]:  # PostgreSQL on this machine: its CPU is a replica's other cost
-        print(f"  PostgreSQL CPU per heartbeat stored: {database_cpu[0] * 1e6 / stored:.0f} us")
+        print(f"  PostgreSQL CPU per heartbeat stored: {database_us:.0f} us")
+    cpu_budget(loads, floor, conductor, database_us)
     for problem in problems:
         print(f"  not durable: {problem}")
     if problems:
@@ -240,10 +256,10 @@ def rounds(
         for target in targets[turn:] + targets[:turn]:
             if target.app == "conductor":
                 log.truncate()
-            load = wrk(target.url, script, args.connections, args.duration)
-            loads[target].append(load)
+            measured = load(target, script, args.connections, args.duration)
+            loads[target].append(measured)
             if target.app == "conductor":
-                lost = log.durability(load, args.connections)
+                lost = log.durability(measured, args.connections)
                 problems += [f"round {n + 1}, {target}: {problem}" for problem in lost]
         print(f"{n + 1:<7}" + "".join(f"{loads[t][-1].rps:>12,.0f}" for t in targets))
     return loads, problems
@@ -277,6 +293,36 @@ def report(targets: list[Target], loads: dict[Target, list[Load]]) -> None:
         ]
         print(f"  uvicorn {SERVE_STACK} over {stack}, median of the rounds: {', '.join(gains)}")
     print()
+
+
+def cpu_per_request_us(loads: list[Load]) -> tuple[float, float]:
+    """The server's and wrk's CPU per answered request over the rounds, in microseconds."""
+    requests = sum(measured.requests for measured in loads)
+    server = sum(measured.server_cpu_s for measured in loads)
+    return server * 1e6 / requests, sum(measured.wrk_cpu_s for measured in loads) * 1e6 / requests
+
+
+def cpu_budget(
+    loads: dict[Target, list[Load]], floor: Target, conductor: Target, database_us: float
+) -> None:
+    """Where the conductor's CPU per heartbeat stands against the floor's, and the cores the
+    goal's rate would take here: one uvicorn worker runs on one core, and PostgreSQL and wrk
+    share the machine's others."""
+    floor_us, floor_wrk_us = cpu_per_request_us(loads[floor])
+    conductor_us, wrk_us = cpu_per_request_us(loads[conductor])
+    print(
+        f"  CPU per request, all rounds: floor {floor_us:.0f} us; conductor {conductor_us:.0f} "
+        f"us, and PostgreSQL {database_us:.0f} us per heartbeat; wrk {wrk_us:.0f} us"
+    )
+    goal_rps = GOAL_RATIO * harness.median([measured.rps for measured in loads[floor]])
+    budget_us = 1e6 / goal_rps
+    cores = goal_rps * (conductor_us + database_us + (wrk_us + floor_wrk_us) / 2) / 1e6
+    print(
+        f"  at the goal's {goal_rps:,.0f} heartbeats/s: the conductor's process may spend "
+        f"{budget_us:.0f} us a heartbeat on its one core (it spends {conductor_us:.0f}); with "
+        f"PostgreSQL and wrk at this run's costs that rate takes {cores:.1f} cores, this "
+        f"machine has {os.cpu_count()}"
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -11,11 +11,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from rig_conductor.agent.token_file import TokenFileError, read_token
+
+if TYPE_CHECKING:
+    import httpx
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 TIMEOUT_S = 30.0
@@ -39,6 +40,8 @@ class Target:
 def target(environ: Mapping[str, str] | None = None) -> Target:
     """RIG_CONDUCTOR_URL (default http://localhost:8080) and RIG_API_TOKEN or
     RIG_API_TOKEN_FILE (not both); `Stop` (exit 2) naming the variable that is wrong."""
+    import httpx  # here, not at the top: every rig-conductor command loads this module
+
     env = os.environ if environ is None else environ
     raw = env.get("RIG_CONDUCTOR_URL", "").strip() or "http://localhost:8080"
     try:
@@ -67,6 +70,8 @@ def call(
     json: Any = None,
 ) -> Any:
     """The API's JSON answer (None for 204), or `Stop` with one line saying why not."""
+    import httpx
+
     where = target()
     headers = {"Authorization": f"Bearer {where.token}"} if where.token else {}
     query = {k: v for k, v in (params or {}).items() if v is not None}
