@@ -9,9 +9,9 @@ import importlib.util
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
-from fastapi.telemetry import TelemetryConfig
 from kubernetes.client import ApiClient
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
@@ -76,7 +76,7 @@ def create_app(
         # OpenAPI document stays at /openapi.json for any local viewer or client generator.
         docs_url=None,
         redoc_url=None,
-        telemetry=fastapi_telemetry(),
+        **fastapi_telemetry(),
     )
     app.state.metrics = metrics
     app.state.refusal_log = lograte.RateLimitedLog()  # one per app: each counts apart
@@ -104,14 +104,18 @@ def create_app(
     return app
 
 
-def fastapi_telemetry() -> TelemetryConfig | None:
-    """FastAPI's own OpenTelemetry (spans, metrics and logs of every request) as FastAPI sets it
-    up (None) when an OpenTelemetry SDK is installed; off without one. Only an SDK can configure
-    the providers it reports to, and while it is on, FastAPI looks the three up on every request
-    to see whether one has been: 4% of a heartbeat's CPU, for nothing without an SDK."""
+def fastapi_telemetry() -> dict[str, Any]:
+    """FastAPI's `telemetry` argument: its own OpenTelemetry (spans, metrics and logs of every
+    request) off where no OpenTelemetry SDK is installed, else as FastAPI sets it up (no
+    argument). Only an SDK can configure the providers it reports to, and while it is on,
+    FastAPI looks the three up on every request to see whether one has been: 4% of a
+    heartbeat's CPU, for nothing without an SDK. A FastAPI older than its own telemetry takes
+    no such argument."""
+    if importlib.util.find_spec("fastapi.telemetry") is None:
+        return {}
     if importlib.util.find_spec("opentelemetry.sdk") is not None:  # the API comes with FastAPI
-        return None
-    return {"tracing": False, "metrics": False, "logs": False}
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
 
 
 def stop_listening(app: object) -> None:

@@ -13,6 +13,8 @@ import pytest
 from fastapi import FastAPI
 from opentelemetry import trace
 
+from rig_conductor.app import fastapi_telemetry
+
 from .console_kit import AGENT, client_of
 
 
@@ -65,3 +67,19 @@ async def test_with_an_sdk_fastapi_keeps_its_telemetry(
     lookups = _count_provider_lookups(monkeypatch)
     await _heartbeats(app, 3)
     assert len(lookups) >= 3  # FastAPI checks for a configured provider on every request
+
+
+def test_a_fastapi_without_its_own_telemetry_is_given_no_such_argument(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyproject allows a FastAPI older than its telemetry, whose constructor would refuse it."""
+    real_find_spec = importlib.util.find_spec
+
+    def before_telemetry(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name == "fastapi.telemetry":
+            return None
+        return real_find_spec(name, package)
+
+    assert "telemetry" in fastapi_telemetry()  # this environment: FastAPI 0.165, no SDK
+    monkeypatch.setattr(importlib.util, "find_spec", before_telemetry)
+    assert fastapi_telemetry() == {}
