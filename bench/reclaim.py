@@ -167,6 +167,15 @@ async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[CliRu
     return run, report
 
 
+async def reap_nothing(stores: Stores, shape: Shape, runs: int) -> float:
+    """The whole command with nothing to move (a stream that does not exist), median of `runs`:
+    its start-up, discovery and exit, the part of a reclaim Redis waits through."""
+    settings = {"entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT}
+    settings |= {"streams": f"{STREAM}:none", "agent_ids": shape.agent_ids}
+    seconds = [(await harness.run_reap(stores, 0, **settings))[0].seconds for _ in range(runs)]
+    return harness.median(seconds)
+
+
 async def reap_in_process(stores: Stores, shape: Shape) -> float:
     """Secondary: `reap_once` called in this process, rig_conductor logging at WARNING."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
@@ -196,6 +205,17 @@ async def measure_shape(stores: Stores, shape: Shape, runs: int) -> dict[str, An
         "floorPerS": round(floor), "leastWorkRedisBusyS": round(busy, 3),
         "leastWorkPlainClientS": round(naive, 3), "reap": {},
     }  # fmt: skip
+    # Redis runs one command at a time, and none of the moves' before the command is up: even
+    # with Redis busy for nothing but the least work after start-up, the share stays below this.
+    nothing = await reap_nothing(stores, shape, max(3, runs))
+    serial = busy / (nothing + busy)
+    print(
+        f"  reap --once with nothing to move (start-up, discovery, exit): {nothing:5.2f} s; with "
+        f"the least work's busy time besides, no number of cores brings the share above "
+        f"{serial:.2f}",
+        flush=True,
+    )
+    measured |= {"nothingToMoveS": round(nothing, 3), "leastWorkShareSerialBound": round(serial, 3)}
     done: dict[str, list[tuple[CliRun, Any]]] = {"text": [], "json": []}
     for _ in range(runs):  # the formats alternate: a slow spell of the machine hits both
         for log_format, results in done.items():
