@@ -147,11 +147,25 @@ def cpu_bound(cpu: dict[str, float], busy: float) -> tuple[str, float]:
     return f"{spent}: on {cores} cores at least {least_wall:.2f} s", busy / least_wall
 
 
+def serial_bound(busy: float, nothing: float) -> float:
+    """The highest share of the least work's busy time (`busy`) the command could reach on any
+    number of cores: Redis runs one command at a time, and none of the moves' before the command
+    is up, so its wall time is at least its run with nothing to move (`nothing`) plus `busy`."""
+    return busy / (nothing + busy)
+
+
+def cli_settings(shape: Shape, stream: str) -> dict[str, object]:
+    """The settings of every `reap --once` run of `shape` on `stream`."""
+    return {
+        "entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT,
+        "streams": stream, "agent_ids": shape.agent_ids,
+    }  # fmt: skip
+
+
 async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[CliRun, Any]:
     """The headline: the whole command's run and its scan report."""
     await harness.plant(stores, shape, STREAM, STALE_MS)
-    settings = {"entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT}
-    settings |= {"streams": STREAM, "agent_ids": shape.agent_ids, "log_format": log_format}
+    settings = cli_settings(shape, STREAM) | {"log_format": log_format}
     await stores.redis.config_resetstat()
     # The CPU of the three processes a reclaim keeps busy: the command, Redis and PostgreSQL.
     command, redis = harness.children_cpu_s(), await harness.redis_cpu_s(stores.redis)
@@ -170,8 +184,7 @@ async def reap_cli(stores: Stores, shape: Shape, log_format: str) -> tuple[CliRu
 async def reap_nothing(stores: Stores, shape: Shape, runs: int) -> float:
     """The whole command with nothing to move (a stream that does not exist), median of `runs`:
     its start-up, discovery and exit, the part of a reclaim Redis waits through."""
-    settings = {"entry_stale_ms": STALE_MS, "agent_down_ms": AGENT_DOWN_MS, "tenant": TENANT}
-    settings |= {"streams": f"{STREAM}:none", "agent_ids": shape.agent_ids}
+    settings = cli_settings(shape, f"{STREAM}:none")
     seconds = [(await harness.run_reap(stores, 0, **settings))[0].seconds for _ in range(runs)]
     return harness.median(seconds)
 
@@ -205,10 +218,8 @@ async def measure_shape(stores: Stores, shape: Shape, runs: int) -> dict[str, An
         "floorPerS": round(floor), "leastWorkRedisBusyS": round(busy, 3),
         "leastWorkPlainClientS": round(naive, 3), "reap": {},
     }  # fmt: skip
-    # Redis runs one command at a time, and none of the moves' before the command is up: even
-    # with Redis busy for nothing but the least work after start-up, the share stays below this.
     nothing = await reap_nothing(stores, shape, max(3, runs))
-    serial = busy / (nothing + busy)
+    serial = serial_bound(busy, nothing)
     print(
         f"  reap --once with nothing to move (start-up, discovery, exit): {nothing:5.2f} s; with "
         f"the least work's busy time besides, no number of cores brings the share above "
